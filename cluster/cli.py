@@ -1,0 +1,136 @@
+"""`tandem`: run, stop and prepare a local cluster.
+
+    tandem run [--config FILE]        start the cluster and serve until Ctrl-C or `tandem stop`
+    tandem stop                       stop a cluster started by `tandem run`
+    tandem prepare-model [--dest D]   convert the default model (SmolLM2-135M-Instruct) once
+    tandem tiny-model DEST            generate the tiny test model
+    tandem check-config FILE          validate a cluster YAML and print it resolved
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+
+DEFAULT_CONFIG = Path(__file__).parent / "configs" / "local.yaml"
+STATE_DIR = Path(".tandem")
+PID_FILE = STATE_DIR / "run.pid"
+
+
+def _examples(url: str, model: str) -> str:
+    return f"""
+tandem is serving {model} at {url}
+
+  curl {url}/v1/chat/completions -H 'Content-Type: application/json' \\
+    -d '{{"model": "{model}", "messages": [{{"role": "user", "content": "What is the capital of France?"}}], "max_tokens": 32}}'
+
+  python -c "from openai import OpenAI; c = OpenAI(base_url='{url}/v1', api_key='none'); \\
+print(c.chat.completions.create(model='{model}', messages=[{{'role': 'user', 'content': 'Hello!'}}], max_tokens=32).choices[0].message.content)"
+
+Health: {url}/health   Models: {url}/v1/models   Stop: Ctrl-C, or `make stop` in another shell
+"""
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from cluster.config import ClusterConfig
+    from cluster.local import LocalCluster
+    from cluster.models import prepare_smollm2
+
+    cfg = ClusterConfig.load(args.config)
+    if args.config == DEFAULT_CONFIG:
+        prepare_smollm2(cfg.model.path)
+    elif not cfg.model.path.is_dir():
+        print(f"model folder {cfg.model.path} does not exist (model.path in {args.config})", file=sys.stderr)
+        return 2
+
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    STATE_DIR.mkdir(exist_ok=True)
+    PID_FILE.write_text(str(os.getpid()))
+    cluster = LocalCluster(cfg, cache_dir=(STATE_DIR / "cache").resolve())
+    try:
+        cluster.start()
+        print(_examples(cluster.url, cfg.model.served_name), flush=True)
+        while not stop.wait(1):
+            pass
+    finally:
+        cluster.stop()
+        PID_FILE.unlink(missing_ok=True)
+    return 0
+
+
+def cmd_stop(args: argparse.Namespace) -> int:
+    if not PID_FILE.exists():
+        print("no running cluster found (.tandem/run.pid is missing)")
+        return 0
+    pid = int(PID_FILE.read_text())
+    try:
+        os.kill(pid, signal.SIGINT)
+    except ProcessLookupError:
+        PID_FILE.unlink(missing_ok=True)
+        print("cluster was not running")
+        return 0
+    print(f"stopping tandem (pid {pid}) ...", flush=True)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            print("stopped")
+            return 0
+        time.sleep(1)
+    print(f"pid {pid} still running after 120 s", file=sys.stderr)
+    return 1
+
+
+def cmd_prepare_model(args: argparse.Namespace) -> int:
+    from cluster.config import ClusterConfig
+    from cluster.models import prepare_smollm2
+
+    dest = args.dest or ClusterConfig.load(DEFAULT_CONFIG).model.path
+    print(prepare_smollm2(Path(dest)))
+    return 0
+
+
+def cmd_tiny_model(args: argparse.Namespace) -> int:
+    from cluster.models import make_tiny_llama
+
+    print(make_tiny_llama(Path(args.dest)))
+    return 0
+
+
+def cmd_check_config(args: argparse.Namespace) -> int:
+    from cluster.config import ClusterConfig
+
+    print(ClusterConfig.load(args.config).model_dump_json(indent=2))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="tandem", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+    run = sub.add_parser("run", help="start the cluster and serve until Ctrl-C")
+    run.add_argument("--config", type=Path, default=DEFAULT_CONFIG)
+    run.set_defaults(fn=cmd_run)
+    sub.add_parser("stop", help="stop a cluster started by `tandem run`").set_defaults(fn=cmd_stop)
+    prep = sub.add_parser("prepare-model", help="convert the default model from its GGUF")
+    prep.add_argument("--dest", type=Path)
+    prep.set_defaults(fn=cmd_prepare_model)
+    tiny = sub.add_parser("tiny-model", help="generate the tiny test model")
+    tiny.add_argument("dest", type=Path)
+    tiny.set_defaults(fn=cmd_tiny_model)
+    check = sub.add_parser("check-config", help="validate a cluster YAML")
+    check.add_argument("config", type=Path)
+    check.set_defaults(fn=cmd_check_config)
+    args = parser.parse_args(argv)
+    return args.fn(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

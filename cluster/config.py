@@ -1,0 +1,129 @@
+"""ClusterConfig: the one YAML that drives a local run (and, later, the Helm chart).
+
+Validated once, here, at the edge. Everything downstream receives these frozen models and
+never re-checks them. Relative paths in the YAML resolve against the YAML file's folder so a
+config works from any working directory.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal, Optional
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+MiB = 1 << 20
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ModelConfig(_Strict):
+    path: Path = Field(description="Local checkpoint folder (safetensors + tokenizer).")
+    name: Optional[str] = Field(None, description="Model id served on /v1/models; folder name if unset.")
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "bfloat16"
+    max_model_len: int = Field(2048, ge=16)
+
+    @property
+    def served_name(self) -> str:
+        return self.name or self.path.name
+
+
+class EngineConfig(_Strict):
+    """vLLM engine settings of one pool. The KV cache size is always explicit: vLLM on CPU
+    otherwise claims a large share of RAM."""
+
+    kv_cache_bytes: int = Field(256 * MiB, ge=16 * MiB)
+    max_num_seqs: int = Field(32, ge=1)
+    max_num_batched_tokens: Optional[int] = Field(None, ge=16)
+    enable_prefix_caching: bool = True
+    enforce_eager: bool = True
+    block_size: Optional[int] = Field(None, ge=1)
+
+
+class PoolConfig(_Strict):
+    replicas: int = Field(1, ge=0)
+    num_cpus: float = Field(1.0, ge=0)
+    num_gpus: float = Field(0.0, ge=0)
+    # CPU cores for the engine's OpenMP threads, one entry per replica slot (vLLM's
+    # VLLM_CPU_OMP_THREADS_BIND syntax, e.g. "0" or "2-3"). Engines sharing cores run 3-4x
+    # slower, so each replica gets its own. Ignored on GPU.
+    cpu_binding: tuple[str, ...] = ()
+    engine: EngineConfig = EngineConfig()
+
+
+class PoolsConfig(_Strict):
+    prefill: PoolConfig = PoolConfig(cpu_binding=("0",))
+    decode: PoolConfig = PoolConfig(cpu_binding=("1",))
+
+
+class KVTransferConfig(_Strict):
+    buffer_device: Literal["auto", "cpu", "cuda"] = Field(
+        "auto", description="Where NIXL registers KV buffers; auto = cuda with a GPU, else cpu."
+    )
+    # "recompute": a KV load that fails costs a local prefill on decode instead of an error.
+    failure_policy: Literal["recompute", "fail"] = "recompute"
+    side_channel_host: str = "127.0.0.1"
+    # Bounded wait for the prefill hop; past it the request is recomputed on decode.
+    prefill_timeout_s: float = Field(30.0, gt=0)
+    # UCX transports for NIXL. tcp is required here: shared-memory-only UCX fails.
+    ucx_tls: str = "tcp,self,sm"
+    ucx_net_devices: Optional[str] = "lo"
+    # Tiny patch of vLLM's NIXL CPU path (kv_transfer/cpu_patch.py): stops an idle progress
+    # thread burning a core and the forward thread being moved off its bound core.
+    cpu_patch: bool = True
+
+
+class GatewayConfig(_Strict):
+    host: str = "127.0.0.1"
+    port: int = Field(8000, ge=1, le=65535)
+    max_body_bytes: int = Field(4 * MiB, ge=1024)
+
+
+class RayConfig(_Strict):
+    address: Optional[str] = Field(None, description="Existing cluster; None starts a local one.")
+    num_cpus: Optional[int] = Field(None, ge=1)
+
+
+class ClusterConfig(_Strict):
+    model: ModelConfig
+    gateway: GatewayConfig = GatewayConfig()
+    pools: PoolsConfig = PoolsConfig()
+    kv_transfer: KVTransferConfig = KVTransferConfig()
+    ray: RayConfig = RayConfig()
+
+    @model_validator(mode="after")
+    def _pools_fit_context(self) -> "ClusterConfig":
+        for role in ("prefill", "decode"):
+            engine = getattr(self.pools, role).engine
+            if engine.max_num_batched_tokens is not None and engine.max_num_batched_tokens < self.model.max_model_len:
+                # vLLM rejects this without chunked prefill; say which field to change.
+                raise ValueError(
+                    f"pools.{role}.engine.max_num_batched_tokens ({engine.max_num_batched_tokens}) "
+                    f"must be >= model.max_model_len ({self.model.max_model_len})"
+                )
+        return self
+
+    @classmethod
+    def load(cls, path: str | Path, overrides: Optional[dict] = None) -> "ClusterConfig":
+        path = Path(path)
+        raw = yaml.safe_load(path.read_text()) or {}
+        if overrides:
+            raw = _deep_merge(raw, overrides)
+        model = raw.get("model") or {}
+        if "path" in model and not Path(model["path"]).is_absolute():
+            model["path"] = str((path.parent / model["path"]).resolve())
+        return cls.model_validate(raw)
+
+
+def _deep_merge(base: dict, extra: dict) -> dict:
+    out = dict(base)
+    for key, value in extra.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = _deep_merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+

@@ -1,0 +1,205 @@
+"""VLLMEngine: the one wrapper around a real vLLM AsyncLLM, shared by both pools.
+
+Lifecycle and call order:
+1. `VLLMEngine(spec)` sets this process's engine environment (core binding, NIXL side
+   channel, UCX), then builds the AsyncLLM; it returns once the EngineCore child is up.
+2. `prefill(request)` (producer role) and `decode(request, kv_transfer_params)` may be called
+   any number of times, concurrently. `decode` is an async generator of TokenChunks; closing
+   it early aborts the request inside vLLM.
+3. `abort(request_id)` at any time; unknown ids are ignored.
+4. `stats()` at any time: counters read from vLLM's own Prometheus metrics in this process.
+5. `shutdown()` once or more (idempotent); replicas call it on teardown so the EngineCore
+   child exits and its /dev/shm segments are released.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, AsyncIterator, Optional
+
+from cluster.config import EngineConfig, KVTransferConfig
+from cluster.protocol import EngineRequest, PrefillResult, SamplingSettings, TokenChunk
+from kv_transfer.handoff import prefill_request_params
+from kv_transfer.nixl import KVRole, NixlEndpoint, kv_transfer_config, nixl_env
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class EngineSpec:
+    model_path: Path
+    served_name: str
+    dtype: str
+    max_model_len: int
+    engine: EngineConfig
+    kv_role: Optional[KVRole]
+    kv: KVTransferConfig
+    nixl: Optional[NixlEndpoint]
+    cpu_binding: Optional[str]
+    on_gpu: bool
+    worker_id: str
+
+
+@dataclass(frozen=True)
+class EngineStats:
+    """A snapshot of one engine's own counters (vLLM's Prometheus metrics in this process)."""
+
+    worker_id: str
+    prompt_tokens_computed: float
+    prompt_tokens_cached: float
+    prompt_tokens_transferred: float
+    kv_bytes_transferred: float
+    kv_transfers: float
+    kv_failed_transfers: float
+    requests_running: float
+    requests_waiting: float
+    kv_cache_usage: float
+
+
+def engine_environment(spec: EngineSpec) -> dict[str, str]:
+    env = {
+        # The EngineCore runs in its own process; only then does vLLM apply the OMP binding.
+        "VLLM_ENABLE_V1_MULTIPROCESSING": "1",
+    }
+    if spec.cpu_binding and not spec.on_gpu:
+        env["VLLM_CPU_OMP_THREADS_BIND"] = spec.cpu_binding
+    if spec.nixl is not None:
+        env.update(nixl_env(spec.kv, spec.nixl, spec.on_gpu))
+    return env
+
+
+def _sampling_params(settings: SamplingSettings, *, max_tokens: int, kv_params: Optional[dict[str, Any]]):
+    from vllm import SamplingParams
+    from vllm.sampling_params import RequestOutputKind
+
+    extra_args = {"kv_transfer_params": kv_params} if kv_params is not None else None
+    return SamplingParams(
+        max_tokens=max_tokens,
+        temperature=settings.temperature,
+        top_p=settings.top_p,
+        seed=settings.seed,
+        stop=list(settings.stop) or None,
+        ignore_eos=settings.ignore_eos,
+        min_tokens=min(settings.min_tokens, max_tokens),
+        output_kind=RequestOutputKind.DELTA,
+        extra_args=extra_args,
+    )
+
+
+class VLLMEngine:
+    def __init__(self, spec: EngineSpec):
+        self.spec = spec
+        os.environ.update(engine_environment(spec))
+        from vllm.engine.arg_utils import AsyncEngineArgs
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        eng = spec.engine
+        args = AsyncEngineArgs(
+            model=str(spec.model_path),
+            served_model_name=[spec.served_name],
+            dtype=spec.dtype,
+            max_model_len=spec.max_model_len,
+            kv_cache_memory_bytes=eng.kv_cache_bytes,
+            max_num_seqs=eng.max_num_seqs,
+            max_num_batched_tokens=eng.max_num_batched_tokens,
+            enable_prefix_caching=eng.enable_prefix_caching,
+            enforce_eager=eng.enforce_eager,
+            block_size=eng.block_size,
+            kv_transfer_config=(
+                kv_transfer_config(spec.kv, spec.kv_role, spec.on_gpu) if spec.kv_role else None
+            ),
+            disable_log_stats=False,
+        )
+        log.info("starting vLLM engine %s (%s) with %s", spec.worker_id, spec.kv_role, spec.model_path)
+        self._llm = AsyncLLM.from_engine_args(args)
+        self._closed = False
+
+    async def prefill(self, request: EngineRequest) -> PrefillResult:
+        """Compute the prompt's KV and keep it for a remote decode (max_tokens=1)."""
+        params = _sampling_params(request.sampling, max_tokens=1, kv_params=prefill_request_params())
+        final = None
+        async for output in self._llm.generate(
+            {"prompt_token_ids": list(request.prompt_token_ids)}, params, request.request_id
+        ):
+            final = output
+        if final is None or final.kv_transfer_params is None:
+            raise RuntimeError(f"prefill of {request.request_id} returned no kv_transfer_params")
+        return PrefillResult(
+            request_id=request.request_id,
+            kv_transfer_params=dict(final.kv_transfer_params),
+            worker_id=self.spec.worker_id,
+            num_prompt_tokens=len(request.prompt_token_ids),
+        )
+
+    async def decode(
+        self, request: EngineRequest, kv_transfer_params: Optional[dict[str, Any]]
+    ) -> AsyncIterator[TokenChunk]:
+        """Generate tokens; with kv_transfer_params the prompt's KV is pulled over NIXL first."""
+        params = _sampling_params(
+            request.sampling, max_tokens=request.sampling.max_tokens, kv_params=kv_transfer_params
+        )
+        num_prompt = len(request.prompt_token_ids)
+        produced = 0
+        async for output in self._llm.generate(
+            {"prompt_token_ids": list(request.prompt_token_ids)}, params, request.request_id
+        ):
+            completion = output.outputs[0]
+            produced += len(completion.token_ids)
+            finish = completion.finish_reason if output.finished else None
+            if output.finished and finish is None:
+                finish = "error"
+            yield TokenChunk(
+                text=completion.text,
+                token_ids=tuple(completion.token_ids),
+                finish_reason=finish,
+                num_prompt_tokens=num_prompt,
+                num_output_tokens=produced,
+            )
+
+    async def abort(self, request_id: str) -> None:
+        await self._llm.abort(request_id)
+
+    def stats(self) -> EngineStats:
+        values = _read_vllm_metrics()
+        return EngineStats(
+            worker_id=self.spec.worker_id,
+            prompt_tokens_computed=values.get(("vllm:prompt_tokens_by_source_total", "local_compute"), 0.0),
+            prompt_tokens_cached=values.get(("vllm:prompt_tokens_by_source_total", "local_cache_hit"), 0.0),
+            prompt_tokens_transferred=values.get(
+                ("vllm:prompt_tokens_by_source_total", "external_kv_transfer"), 0.0
+            ),
+            kv_bytes_transferred=values.get(("vllm:nixl_bytes_transferred_sum", None), 0.0),
+            kv_transfers=values.get(("vllm:nixl_bytes_transferred_count", None), 0.0),
+            kv_failed_transfers=values.get(("vllm:nixl_num_failed_transfers_total", None), 0.0),
+            requests_running=values.get(("vllm:num_requests_running", None), 0.0),
+            requests_waiting=values.get(("vllm:num_requests_waiting", None), 0.0),
+            kv_cache_usage=values.get(("vllm:kv_cache_usage_perc", None), 0.0),
+        )
+
+    def check_alive(self) -> None:
+        if self._llm.errored:
+            raise RuntimeError(f"vLLM engine {self.spec.worker_id} has died: {self._llm.dead_error}")
+
+    def shutdown(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        log.info("shutting down vLLM engine %s", self.spec.worker_id)
+        self._llm.shutdown()
+
+
+def _read_vllm_metrics() -> dict[tuple[str, Optional[str]], float]:
+    """Sum vLLM's samples by (name, source label) from this process's Prometheus registry."""
+    from prometheus_client import REGISTRY
+
+    totals: dict[tuple[str, Optional[str]], float] = {}
+    for family in REGISTRY.collect():
+        if not family.name.startswith("vllm:"):
+            continue
+        for sample in family.samples:
+            key = (sample.name, sample.labels.get("source"))
+            totals[key] = totals.get(key, 0.0) + sample.value
+    return totals

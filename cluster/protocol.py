@@ -1,0 +1,63 @@
+"""Typed objects that cross process boundaries inside the cluster (gateway ↔ workers).
+
+The OpenAI-shaped pydantic models live at the edge (router/openai/); once a request is
+validated and tokenized it becomes an `EngineRequest`, and only these frozen dataclasses
+travel between Ray Serve deployments. They are plain data so Ray can pickle them cheaply.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+
+@dataclass(frozen=True)
+class SamplingSettings:
+    max_tokens: int
+    temperature: float = 1.0
+    top_p: float = 1.0
+    seed: Optional[int] = None
+    stop: tuple[str, ...] = ()
+    ignore_eos: bool = False
+    min_tokens: int = 0
+
+
+@dataclass(frozen=True)
+class EngineRequest:
+    """A tokenized request. `prompt_token_ids` already has the chat template applied."""
+
+    request_id: str
+    prompt_token_ids: tuple[int, ...]
+    sampling: SamplingSettings
+
+
+@dataclass(frozen=True)
+class PrefillResult:
+    """What a prefill worker hands back: the opaque NIXL handoff for the decode worker."""
+
+    request_id: str
+    kv_transfer_params: dict[str, Any]
+    worker_id: str
+    num_prompt_tokens: int
+
+
+@dataclass(frozen=True)
+class TokenChunk:
+    """One streamed step of a decode. Deltas, plus running totals for usage."""
+
+    text: str
+    token_ids: tuple[int, ...]
+    finish_reason: Optional[str] = None  # "stop" | "length" | "abort" | "error"
+    num_prompt_tokens: int = 0
+    num_output_tokens: int = 0
+
+
+@dataclass(frozen=True)
+class RouteTrace:
+    """How a request was served; counted in metrics and returned to tests."""
+
+    path: str  # "disaggregated" | "fallback_recompute"
+    prefill_worker: Optional[str] = None
+    decode_worker: Optional[str] = None
+    fallback_reason: Optional[str] = None
+    extra: dict[str, Any] = field(default_factory=dict)

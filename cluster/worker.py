@@ -1,0 +1,79 @@
+"""What the prefill and decode replicas share: building this replica's EngineSpec.
+
+A replica learns its rank from Ray Serve, takes the CPU core slot for that rank and a free
+NIXL side-channel port, so new replicas (autoscaling, restarts) need no manual wiring.
+"""
+
+from __future__ import annotations
+
+import socket
+from typing import Optional
+
+from cluster.config import ClusterConfig, PoolConfig
+from cluster.engine import EngineSpec, EngineStats, VLLMEngine
+from kv_transfer.nixl import KVRole, NixlEndpoint, free_port
+
+
+def has_nvidia_gpu() -> bool:
+    try:
+        import torch
+
+        return torch.cuda.is_available()
+    except Exception:  # torch missing or broken CUDA: treat as CPU
+        return False
+
+
+def replica_rank_and_id() -> tuple[int, str]:
+    try:
+        from ray import serve
+
+        ctx = serve.get_replica_context()
+        rank = getattr(ctx.rank, "rank", ctx.rank)
+        return int(rank or 0), ctx.replica_id.unique_id
+    except Exception:  # outside Serve (unit use): a single, anonymous replica
+        return 0, socket.gethostname()
+
+
+def build_engine_spec(cfg: ClusterConfig, pool_name: str, pool: PoolConfig, role: KVRole) -> EngineSpec:
+    rank, replica_id = replica_rank_and_id()
+    on_gpu = has_nvidia_gpu()
+    binding: Optional[str] = None
+    if pool.cpu_binding:
+        binding = pool.cpu_binding[rank % len(pool.cpu_binding)]
+    host = cfg.kv_transfer.side_channel_host
+    return EngineSpec(
+        model_path=cfg.model.path,
+        served_name=cfg.model.served_name,
+        dtype=cfg.model.dtype,
+        max_model_len=cfg.model.max_model_len,
+        engine=pool.engine,
+        kv_role=role,
+        kv=cfg.kv_transfer,
+        nixl=NixlEndpoint(host=host, port=free_port(host)),
+        cpu_binding=binding,
+        on_gpu=on_gpu,
+        worker_id=f"{pool_name}-{replica_id}",
+    )
+
+
+class EngineReplica:
+    """Base of the prefill and decode deployments: owns one engine for the replica's life."""
+
+    engine: VLLMEngine
+
+    async def abort(self, request_id: str) -> None:
+        await self.engine.abort(request_id)
+
+    def stats(self) -> EngineStats:
+        return self.engine.stats()
+
+    def check_health(self) -> None:
+        """Ray Serve's health probe: a dead EngineCore marks the replica unhealthy → replaced."""
+        self.engine.check_alive()
+
+    def __del__(self):
+        # Serve calls __del__ on graceful teardown; without it the EngineCore child and its
+        # /dev/shm segments outlive the replica.
+        engine = getattr(self, "engine", None)
+        if engine is not None:
+            engine.shutdown()

@@ -1,0 +1,1 @@
+"""KV handoff between prefill and decode engines. Reading order: README.md."""

@@ -1,0 +1,20 @@
+"""The prefill pool: a real vLLM engine as NIXL producer. It computes a prompt's KV
+(max_tokens=1), keeps the blocks for a decode engine to pull, and returns the handoff."""
+
+from __future__ import annotations
+
+from ray import serve
+
+from cluster.config import ClusterConfig
+from cluster.engine import VLLMEngine
+from cluster.protocol import EngineRequest, PrefillResult
+from cluster.worker import EngineReplica, build_engine_spec
+
+
+@serve.deployment(name="PrefillWorker")
+class PrefillWorker(EngineReplica):
+    def __init__(self, cfg: ClusterConfig):
+        self.engine = VLLMEngine(build_engine_spec(cfg, "prefill", cfg.pools.prefill, "kv_producer"))
+
+    async def prefill(self, request: EngineRequest) -> PrefillResult:
+        return await self.engine.prefill(request)

@@ -1,0 +1,105 @@
+"""DisaggregatedBackend: one request's path through the pools, behind the OpenAI edge.
+
+prefill pool (max_tokens=1, returns a Handoff) → decode pool (pulls the KV over NIXL, streams).
+
+Failure policy, in order of what can go wrong:
+- the prefill hop raises, times out, or returns no handoff → decode computes the prompt
+  itself ("fallback_recompute", counted by reason). Latency, not a lost request.
+- the KV pull fails inside decode → vLLM's kv_load_failure_policy=recompute handles it.
+- the decode hop fails before the first token → retried once on the decode pool.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any, AsyncIterator, Optional
+
+from prometheus_client import Counter
+
+from cluster.protocol import EngineRequest, TokenChunk
+from kv_transfer.handoff import Handoff, HandoffMismatch
+
+log = logging.getLogger(__name__)
+
+ROUTES = Counter(
+    "tandem_route_total",
+    "Requests by serving path: disaggregated, or recomputed on decode and why.",
+    ["path", "reason"],
+)
+DECODE_RETRIES = Counter("tandem_decode_retries_total", "Decode hops retried before the first token.")
+
+HEALTH_TIMEOUT_S = 5.0
+
+
+class DisaggregatedBackend:
+    """Implements router.openai's OpenAIBackend over Ray Serve handles to the two pools."""
+
+    def __init__(self, *, model_id: str, max_model_len: int, tokenizer: Any, prefill: Any, decode: Any,
+                 prefill_timeout_s: float):
+        self.model_id = model_id
+        self.max_model_len = max_model_len
+        self.tokenizer = tokenizer
+        self._prefill = prefill
+        self._decode = decode
+        self._prefill_timeout_s = prefill_timeout_s
+
+    async def _handoff(self, request: EngineRequest) -> Optional[Handoff]:
+        """Run the prefill hop; None means: decode computes the prompt itself."""
+        reason = None
+        try:
+            result = await asyncio.wait_for(
+                self._prefill.prefill.remote(request), timeout=self._prefill_timeout_s
+            )
+            handoff = Handoff.from_prefill(self.model_id, result.kv_transfer_params)
+        except asyncio.TimeoutError:
+            reason = "prefill_timeout"
+            self._prefill.abort.remote(request.request_id)
+        except HandoffMismatch as exc:
+            reason = "bad_handoff"
+            log.warning("request %s: %s", request.request_id, exc)
+        except Exception as exc:  # a dead or missing replica: any Ray error lands here
+            reason = "prefill_error"
+            log.warning("request %s: prefill failed (%s: %s); recomputing on decode",
+                        request.request_id, type(exc).__name__, exc)
+        if reason is not None:
+            ROUTES.labels(path="fallback_recompute", reason=reason).inc()
+            return None
+        ROUTES.labels(path="disaggregated", reason="").inc()
+        return handoff
+
+    async def generate(self, request: EngineRequest) -> AsyncIterator[TokenChunk]:
+        handoff = await self._handoff(request)
+        for attempt in (1, 2):
+            stream = self._decode.options(stream=True).generate.remote(request, handoff)
+            started = False
+            try:
+                async for chunk in stream:
+                    started = True
+                    yield chunk
+                return
+            except (asyncio.CancelledError, GeneratorExit):
+                stream.cancel()
+                raise
+            except Exception:
+                if started or attempt == 2:
+                    raise
+                DECODE_RETRIES.inc()
+                log.warning("request %s: decode failed before the first token; retrying", request.request_id)
+
+    async def abort(self, request_id: str) -> None:
+        await asyncio.gather(
+            self._decode.abort.remote(request_id), self._prefill.abort.remote(request_id),
+            return_exceptions=True,
+        )
+
+    async def health(self) -> dict[str, Any]:
+        async def probe(handle) -> bool:
+            try:
+                await asyncio.wait_for(handle.stats.remote(), timeout=HEALTH_TIMEOUT_S)
+                return True
+            except Exception:
+                return False
+
+        prefill_ok, decode_ok = await asyncio.gather(probe(self._prefill), probe(self._decode))
+        return {"ready": prefill_ok and decode_ok, "prefill": prefill_ok, "decode": decode_ok}

@@ -1,0 +1,39 @@
+"""The gateway: Ray Serve's HTTP ingress. It owns the tokenizer and the OpenAI edge and
+drives each request through the pools via DisaggregatedBackend. It holds no engine, so it
+asks Ray for no CPU (on 2 cores, a CPU for it would leave an engine replica pending)."""
+
+from __future__ import annotations
+
+from fastapi import Response
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from ray import serve
+from ray.serve.handle import DeploymentHandle
+
+from cluster.config import ClusterConfig
+from router.disagg import DisaggregatedBackend
+from router.openai.app import build_openai_app
+from router.openai.tokenizer import PromptTokenizer
+
+
+@serve.deployment(name="Gateway", ray_actor_options={"num_cpus": 0})
+@serve.ingress()
+class Gateway:
+    def __init__(self, cfg: ClusterConfig, prefill: DeploymentHandle, decode: DeploymentHandle):
+        self.cfg = cfg
+        self.backend = DisaggregatedBackend(
+            model_id=cfg.model.served_name,
+            max_model_len=cfg.model.max_model_len,
+            tokenizer=PromptTokenizer(cfg.model.path),
+            prefill=prefill,
+            decode=decode,
+            prefill_timeout_s=cfg.kv_transfer.prefill_timeout_s,
+        )
+
+    def __serve_build_asgi_app__(self):
+        app = build_openai_app(self.backend, max_body_bytes=self.cfg.gateway.max_body_bytes)
+
+        @app.get("/metrics", include_in_schema=False)
+        def metrics() -> Response:
+            return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)
+
+        return app

@@ -1,0 +1,49 @@
+"""One real cluster for the whole integration session: Ray, Ray Serve, two vLLM engines on
+CPU (prefill producer, decode consumer), NIXL between them, the tiny float32 model."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import TEST_STATE
+
+GATEWAY_PORT = 8765
+MODEL_NAME = "tiny-llama"
+MAX_MODEL_LEN = 512
+
+
+def integration_config(model_dir: Path):
+    from cluster.config import ClusterConfig
+
+    engine = {"kv_cache_bytes": 64 << 20, "max_num_seqs": 8}
+    return ClusterConfig.model_validate(
+        {
+            "model": {"path": str(model_dir), "name": MODEL_NAME, "dtype": "float32",
+                      "max_model_len": MAX_MODEL_LEN},
+            "gateway": {"host": "127.0.0.1", "port": GATEWAY_PORT},
+            "pools": {
+                "prefill": {"replicas": 1, "num_cpus": 1, "cpu_binding": ["0"], "engine": engine},
+                "decode": {"replicas": 1, "num_cpus": 1, "cpu_binding": ["1"], "engine": engine},
+            },
+            # Short, so the prefill-outage test falls back quickly.
+            "kv_transfer": {"prefill_timeout_s": 5},
+            "ray": {"num_cpus": 2},
+        }
+    )
+
+
+@pytest.fixture(scope="session")
+def cluster(tiny_model_dir):
+    from cluster.local import LocalCluster
+
+    local = LocalCluster(integration_config(tiny_model_dir), cache_dir=TEST_STATE / "cache")
+    local.start(ready_timeout_s=600)
+    yield local
+    local.stop()
+
+
+@pytest.fixture(scope="session")
+def base_url(cluster) -> str:
+    return cluster.url

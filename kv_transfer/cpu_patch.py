@@ -20,7 +20,8 @@ import functools
 import logging
 import os
 
-log = logging.getLogger(__name__)
+# Under "vllm." so the message goes through vLLM's own log handler in its child processes.
+log = logging.getLogger("vllm.tandem_nixl_cpu_patch")
 ENV_FLAG = "TANDEM_NIXL_CPU_PATCH"
 _applied = False
 

@@ -1,0 +1,259 @@
+"""The FastAPI application of the OpenAI edge: routes, body limits, validation order.
+
+The order of checks is part of the contract: a malformed body is a 400 before anything
+else, a wrong model a 404 before we spend time tokenizing, and an over-long request a
+400 before any engine sees it. Only then does the request become an `EngineRequest`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+import uuid
+from typing import Any, Optional, Union
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+from starlette.datastructures import Headers, MutableHeaders
+from starlette.requests import ClientDisconnect
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from cluster.protocol import EngineRequest, SamplingSettings
+from router.openai.backend import OpenAIBackend
+from router.openai.errors import (
+    REQUEST_ID_HEADER,
+    bad_request,
+    context_length_exceeded,
+    install_exception_handlers,
+    malformed_json,
+    not_found,
+    payload_too_large,
+    request_id_of,
+    service_unavailable,
+)
+from router.openai.protocol import ChatCompletionRequest, CompletionRequest, parse_request
+from router.openai.responses import Accumulator, ResponseContext, check_finish_reason, full_response
+from router.openai.streaming import (
+    ClientGone,
+    SSEResponse,
+    StreamGuard,
+    open_stream,
+    race_disconnect,
+    sse_events,
+)
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_MAX_BODY_BYTES = 4 * 1024 * 1024
+_CLIENT_CLOSED = 499  # nginx's "client closed request": nobody reads it, logs understand it
+
+
+class RequestIdMiddleware:
+    """Gives every request an id (the client's X-Request-Id, or a new one) and echoes it.
+
+    A pure ASGI middleware, not BaseHTTPMiddleware, so streaming and disconnect detection
+    pass through untouched.
+    """
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        given = Headers(scope=scope).get(REQUEST_ID_HEADER)
+        ok = given is not None and 0 < len(given) <= 200 and given.isprintable() and given.isascii()
+        request_id = given if ok else f"req-{uuid.uuid4().hex}"
+        scope.setdefault("state", {})["request_id"] = request_id
+
+        async def send_with_id(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                headers = MutableHeaders(scope=message)
+                if REQUEST_ID_HEADER not in headers:
+                    headers.append(REQUEST_ID_HEADER, request_id)
+            await send(message)
+
+        await self.app(scope, receive, send_with_id)
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not valid JSON")
+
+
+async def read_json_body(request: Request, limit: int) -> Any:
+    """Read at most `limit` bytes (413 beyond) and decode strict UTF-8 JSON (400 otherwise)."""
+    declared = request.headers.get("content-length")
+    if declared is not None:
+        try:
+            if int(declared) > limit:
+                raise payload_too_large(limit)
+        except ValueError:
+            raise bad_request("Invalid Content-Length header.") from None
+    body = bytearray()
+    async for part in request.stream():
+        body += part
+        if len(body) > limit:
+            raise payload_too_large(limit)
+    if not body.strip():
+        raise bad_request("The request body is empty; send a JSON object.")
+    try:
+        text = bytes(body).decode("utf-8")
+    except UnicodeDecodeError:
+        raise malformed_json("the body is not valid UTF-8") from None
+    try:
+        return json.loads(text, parse_constant=_reject_constant)
+    except (ValueError, RecursionError):
+        raise malformed_json() from None
+
+
+def build_openai_app(backend: OpenAIBackend, *, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> FastAPI:
+    """The OpenAI-compatible app for one backend. No globals: build as many as you like."""
+    app = FastAPI(title="tandem OpenAI edge", docs_url=None, redoc_url=None, openapi_url=None)
+    app.add_middleware(RequestIdMiddleware)
+    install_exception_handlers(app)
+    created = int(time.time())
+
+    def model_card() -> dict[str, Any]:
+        return {
+            "id": backend.model_id,
+            "object": "model",
+            "created": created,
+            "owned_by": "tandem",
+            "max_model_len": backend.max_model_len,
+        }
+
+    @app.get("/v1/models")
+    async def list_models() -> dict[str, Any]:
+        return {"object": "list", "data": [model_card()]}
+
+    @app.get("/v1/models/{model:path}")
+    async def get_model(model: str) -> dict[str, Any]:
+        if model != backend.model_id:
+            raise not_found(model)
+        return model_card()
+
+    @app.get("/health")
+    async def health() -> JSONResponse:
+        try:
+            info = dict(await backend.health())
+        except Exception:
+            logger.warning("backend health check failed", exc_info=True)
+            info = {"ready": False, "reason": "health check failed"}
+        if info.pop("ready", False) is True:
+            return JSONResponse({"status": "ready", **info})
+        raise service_unavailable("The model is not ready to serve requests.", details=info)
+
+    @app.post("/v1/completions")
+    async def completions(request: Request) -> Response:
+        return await _serve(request, chat=False)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request) -> Response:
+        return await _serve(request, chat=True)
+
+    def tokenize(req: Union[CompletionRequest, ChatCompletionRequest]) -> list[int]:
+        tokenizer = backend.tokenizer
+        if isinstance(req, ChatCompletionRequest):
+            ids = tokenizer.chat([m.for_template() for m in req.messages])
+        elif isinstance(req.prompt, str):
+            ids = tokenizer.encode(req.prompt)
+        else:
+            ids = list(req.prompt)
+            vocab: Optional[int] = getattr(tokenizer, "vocab_size", None)
+            if isinstance(vocab, int) and any(i >= vocab for i in ids):
+                raise bad_request(f"Token ids in 'prompt' must be below the vocabulary size {vocab}.", "prompt")
+        if not ids:
+            raise bad_request("The prompt is empty.", "messages" if isinstance(req, ChatCompletionRequest) else "prompt")
+        return list(ids)
+
+    def sampling_of(req: Union[CompletionRequest, ChatCompletionRequest], prompt_len: int) -> SamplingSettings:
+        chat = isinstance(req, ChatCompletionRequest)
+        param = "messages" if chat else "prompt"
+        limit = backend.max_model_len
+        requested = req.requested_max_tokens()
+        if requested is None:
+            max_tokens = limit - prompt_len if chat else CompletionRequest.DEFAULT_MAX_TOKENS
+            if max_tokens < 1:
+                raise context_length_exceeded(limit, prompt_len, 1, param)
+        else:
+            max_tokens = requested
+        if prompt_len + max_tokens > limit:
+            raise context_length_exceeded(limit, prompt_len, max_tokens, param)
+        min_tokens = req.min_tokens or 0
+        if min_tokens > max_tokens:
+            raise bad_request(f"'min_tokens' ({min_tokens}) must not exceed max_tokens ({max_tokens}).", "min_tokens")
+        return SamplingSettings(
+            max_tokens=max_tokens,
+            temperature=1.0 if req.temperature is None else req.temperature,
+            top_p=1.0 if req.top_p is None else req.top_p,
+            seed=req.seed,
+            stop=req.stop_sequences,
+            ignore_eos=bool(req.ignore_eos),
+            min_tokens=min_tokens,
+        )
+
+    async def _serve(request: Request, chat: bool) -> Response:
+        edge_id = request_id_of(request) or ""
+        try:
+            body = await read_json_body(request, max_body_bytes)
+        except ClientDisconnect:
+            return Response(status_code=_CLIENT_CLOSED)
+        req = parse_request(ChatCompletionRequest if chat else CompletionRequest, body)
+        if req.model != backend.model_id:
+            raise not_found(req.model)
+        prompt_ids = tokenize(req)
+        sampling = sampling_of(req, len(prompt_ids))
+        engine_id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
+        engine_request = EngineRequest(engine_id, tuple(prompt_ids), sampling)
+        logger.debug("request %s -> %s, %d prompt tokens", edge_id, engine_id, len(prompt_ids))
+        ctx = ResponseContext(
+            id=engine_id,
+            created=int(time.time()),
+            model=backend.model_id,
+            chat=chat,
+            prompt_token_ids=tuple(prompt_ids),
+            return_token_ids=bool(req.return_token_ids),
+            include_usage=req.include_usage,
+        )
+        acc = Accumulator(prompt_tokens=len(prompt_ids))
+        guard = StreamGuard(backend, engine_id)
+        handed_off = False
+        try:
+            it = guard.it = await race_disconnect(request, lambda: open_stream(backend, engine_request))
+            if req.stream:
+                first = await race_disconnect(request, lambda: anext(it, None))
+                if first is None:
+                    raise RuntimeError(f"backend stream {engine_id} ended before its first chunk")
+                guard.finished = first.finish_reason is not None
+                check_finish_reason(first.finish_reason, edge_id)
+                response = SSEResponse(
+                    sse_events(guard, first, ctx, acc, edge_id),
+                    guard,
+                    media_type="text/event-stream",
+                    headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+                )
+                handed_off = True  # from here on the response owns the cleanup
+                return response
+
+            async def collect() -> None:
+                async for chunk in it:
+                    acc.add(chunk)
+                    if chunk.finish_reason is not None:
+                        break
+
+            await race_disconnect(request, collect)
+            guard.finished = acc.finish_reason is not None
+            check_finish_reason(acc.finish_reason, edge_id)
+            if not guard.finished:
+                logger.error("stream %s ended without a finish reason", engine_id)
+                raise RuntimeError("backend stream ended without a finish reason")
+            return JSONResponse(full_response(ctx, acc))
+        except ClientGone:
+            return Response(status_code=_CLIENT_CLOSED)
+        finally:
+            if not handed_off:
+                await guard.close()
+
+    return app

@@ -1,0 +1,112 @@
+"""The one home of test fakes, so every unit suite fakes the same, small, honest things.
+
+Fakes stand in for the engine side only in unit tests of the edge's own logic (HTTP
+contract, validation, streaming, aborts); end-to-end tests use real engines.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any, AsyncIterator, Mapping, Optional, Sequence
+
+from cluster.protocol import EngineRequest, TokenChunk
+from router.openai.errors import bad_request
+
+
+class FakeTokenizer:
+    """One token per UTF-8 byte (ids 0..255), so token counts are obvious from the text.
+
+    Chat renders each message as ``<role>: content\\n`` and ends with ``assistant: `` (the
+    generation prompt); with `chat_template=False` it refuses chat like a base model.
+    """
+
+    vocab_size = 256
+
+    def __init__(self, chat_template: bool = True) -> None:
+        self.chat_template = chat_template
+
+    def encode(self, text: str) -> list[int]:
+        return list(text.encode("utf-8"))
+
+    def decode(self, token_ids: Sequence[int]) -> str:
+        return bytes(token_ids).decode("utf-8", errors="replace")
+
+    def render(self, messages: Sequence[Mapping[str, Any]]) -> str:
+        return "".join(f"{m['role']}: {m['content']}\n" for m in messages) + "assistant: "
+
+    def chat(self, messages: Sequence[Mapping[str, Any]]) -> list[int]:
+        if not self.chat_template:
+            raise bad_request("This model has no chat template.", "messages", "chat_template_missing")
+        return self.encode(self.render(messages))
+
+
+class FakeBackend:
+    """Streams the prompt back, one byte-token per chunk, deterministically.
+
+    The reply is the prompt's own tokens: with a prompt of P tokens and max_tokens M the
+    answer has min(P, M) tokens and finishes "stop" when the echo ends, "length" when M
+    cuts it (with ignore_eos the echo repeats until M). Switches let a test make it fail,
+    hang, or report an abnormal finish, and it records what the edge asked of it.
+    """
+
+    def __init__(
+        self,
+        model_id: str = "tandem-test",
+        max_model_len: int = 256,
+        tokenizer: Optional[FakeTokenizer] = None,
+    ) -> None:
+        self.model_id = model_id
+        self.max_model_len = max_model_len
+        self.tokenizer = tokenizer or FakeTokenizer()
+        self.ready = True
+        self.health_details: dict[str, Any] = {"replicas": 1}
+        self.health_raises = False
+        self.fail_after: Optional[int] = None  # raise `fail_with` after this many chunks
+        self.fail_with: BaseException = RuntimeError("fake engine exploded")
+        self.hang_after: Optional[int] = None  # then wait forever (until cancelled)
+        self.finish_reason: Optional[str] = None  # force the last chunk's finish reason
+        self.requests: list[EngineRequest] = []
+        self.aborted: list[str] = []
+        self.closed: list[str] = []  # request ids whose generator was finalized
+
+    def reply_tokens(self, request: EngineRequest) -> list[int]:
+        prompt = list(request.prompt_token_ids)
+        limit = request.sampling.max_tokens
+        if request.sampling.ignore_eos:
+            return [prompt[i % len(prompt)] for i in range(limit)]
+        return prompt[:limit]
+
+    async def generate(self, request: EngineRequest) -> AsyncIterator[TokenChunk]:
+        self.requests.append(request)
+        tokens = self.reply_tokens(request)
+        cut = request.sampling.ignore_eos or request.sampling.max_tokens < len(request.prompt_token_ids)
+        reason = self.finish_reason or ("length" if cut else "stop")
+        try:
+            for i, token in enumerate(tokens):
+                if self.fail_after is not None and i == self.fail_after:
+                    raise self.fail_with
+                if self.hang_after is not None and i == self.hang_after:
+                    await asyncio.Event().wait()
+                await asyncio.sleep(0)
+                last = i == len(tokens) - 1
+                yield TokenChunk(
+                    text=self.tokenizer.decode([token]),
+                    token_ids=(token,),
+                    finish_reason=reason if last else None,
+                    num_prompt_tokens=len(request.prompt_token_ids),
+                    num_output_tokens=i + 1,
+                )
+            if not tokens:
+                if self.fail_after == 0:
+                    raise self.fail_with
+                yield TokenChunk("", (), reason, len(request.prompt_token_ids), 0)
+        finally:
+            self.closed.append(request.request_id)
+
+    async def health(self) -> dict[str, Any]:
+        if self.health_raises:
+            raise RuntimeError("health probe crashed")
+        return {"ready": self.ready, **self.health_details}
+
+    async def abort(self, request_id: str) -> None:
+        self.aborted.append(request_id)

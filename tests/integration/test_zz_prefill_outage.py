@@ -1,0 +1,63 @@
+"""With the prefill pool gone, requests still complete: decode recomputes the prompt, and
+the path is counted. Runs last in the session: it kills the prefill replica."""
+
+from __future__ import annotations
+
+import re
+import time
+
+import httpx
+import pytest
+
+from tests.integration.conftest import MODEL_NAME
+
+pytestmark = pytest.mark.integration
+
+BODY = {"model": MODEL_NAME, "prompt": "After the outage the cluster", "max_tokens": 8, "temperature": 0}
+
+
+def _route_count(base_url: str, path: str) -> float:
+    text = httpx.get(f"{base_url}/metrics", timeout=30).text
+    total = 0.0
+    for m in re.finditer(rf'^tandem_route_total{{[^}}]*path="{path}"[^}}]*}} ([0-9.e+]+)$', text, re.M):
+        total += float(m.group(1))
+    return total
+
+
+def _kill_prefill_replicas() -> int:
+    import ray
+
+    killed = 0
+    for actor in ray.util.list_named_actors(all_namespaces=True):
+        if "#PrefillWorker#" in actor["name"]:
+            ray.kill(ray.get_actor(actor["name"], namespace=actor["namespace"]), no_restart=True)
+            killed += 1
+    return killed
+
+
+def test_requests_complete_while_prefill_is_down_and_after_it_returns(base_url):
+    baseline = httpx.post(f"{base_url}/v1/completions", json=BODY, timeout=120)
+    assert baseline.status_code == 200
+    expected = baseline.json()["choices"][0]["text"]
+    fallbacks_before = _route_count(base_url, "fallback_recompute")
+
+    assert _kill_prefill_replicas() == 1
+    for _ in range(3):
+        resp = httpx.post(f"{base_url}/v1/completions", json=BODY, timeout=120)
+        assert resp.status_code == 200, resp.text
+        assert resp.json()["choices"][0]["text"] == expected  # recomputed, same greedy output
+    assert _route_count(base_url, "fallback_recompute") >= fallbacks_before + 3
+
+    # Serve replaces the replica; once healthy, requests take the disaggregated path again.
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline:
+        if httpx.get(f"{base_url}/health", timeout=30).status_code == 200:
+            break
+        time.sleep(2)
+    else:
+        pytest.fail("prefill pool did not come back within 240 s")
+    disaggregated_before = _route_count(base_url, "disaggregated")
+    resp = httpx.post(f"{base_url}/v1/completions", json=BODY, timeout=120)
+    assert resp.status_code == 200
+    assert resp.json()["choices"][0]["text"] == expected
+    assert _route_count(base_url, "disaggregated") == disaggregated_before + 1

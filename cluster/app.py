@@ -5,6 +5,7 @@ from __future__ import annotations
 from ray.serve import Application
 
 from cluster.config import ClusterConfig, PoolConfig
+from cluster.protocol import TierPools
 
 APP_NAME = "tandem"
 
@@ -27,6 +28,16 @@ def build_app(cfg: ClusterConfig) -> Application:
     from prefill_workers.deployment import PrefillWorker
     from router.gateway import Gateway
 
-    prefill = PrefillWorker.options(**_pool_options(cfg.pools.prefill)).bind(cfg)
-    decode = DecodeWorker.options(**_pool_options(cfg.pools.decode)).bind(cfg)
-    return Gateway.options(max_ongoing_requests=1000).bind(cfg, prefill, decode)
+    pools = {
+        tier: TierPools(
+            prefill=PrefillWorker.options(name=deployment_name(tier, "prefill"), **_pool_options(t.prefill)).bind(cfg, tier),
+            decode=DecodeWorker.options(name=deployment_name(tier, "decode"), **_pool_options(t.decode)).bind(cfg, tier),
+        )
+        for tier, t in cfg.tiers.items()
+    }
+    return Gateway.options(max_ongoing_requests=1000).bind(cfg, pools)
+
+
+def deployment_name(tier: str, pool: str) -> str:
+    """Serve deployment name of a pool, e.g. "interactive-prefill"."""
+    return f"{tier}-{pool}"

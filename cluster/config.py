@@ -7,6 +7,7 @@ config works from any working directory.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Literal, Optional
 
@@ -54,9 +55,14 @@ class PoolConfig(_Strict):
     engine: EngineConfig = EngineConfig()
 
 
-class PoolsConfig(_Strict):
+class TierConfig(_Strict):
+    """A service tier (e.g. interactive, batch): its own prefill and decode pools."""
+
     prefill: PoolConfig = PoolConfig(cpu_binding=("0",))
     decode: PoolConfig = PoolConfig(cpu_binding=("1",))
+
+    def pools(self) -> dict[str, PoolConfig]:
+        return {"prefill": self.prefill, "decode": self.decode}
 
 
 class KVTransferConfig(_Strict):
@@ -90,20 +96,30 @@ class RayConfig(_Strict):
 class ClusterConfig(_Strict):
     model: ModelConfig
     gateway: GatewayConfig = GatewayConfig()
-    pools: PoolsConfig = PoolsConfig()
+    # Insertion order matters: the first tier is the default one.
+    tiers: dict[str, TierConfig] = Field(default_factory=lambda: {"interactive": TierConfig()})
     kv_transfer: KVTransferConfig = KVTransferConfig()
     ray: RayConfig = RayConfig()
 
+    @property
+    def default_tier(self) -> str:
+        return next(iter(self.tiers))
+
     @model_validator(mode="after")
-    def _pools_fit_context(self) -> "ClusterConfig":
-        for role in ("prefill", "decode"):
-            engine = getattr(self.pools, role).engine
-            if engine.max_num_batched_tokens is not None and engine.max_num_batched_tokens < self.model.max_model_len:
-                # vLLM rejects this without chunked prefill; say which field to change.
-                raise ValueError(
-                    f"pools.{role}.engine.max_num_batched_tokens ({engine.max_num_batched_tokens}) "
-                    f"must be >= model.max_model_len ({self.model.max_model_len})"
-                )
+    def _check_tiers(self) -> "ClusterConfig":
+        if not self.tiers:
+            raise ValueError("tiers: at least one tier is needed")
+        for tier, tier_cfg in self.tiers.items():
+            if not re.fullmatch(r"[a-z][a-z0-9-]{0,30}", tier):
+                raise ValueError(f"tiers.{tier}: tier names are lowercase letters, digits and '-'")
+            for role, pool in tier_cfg.pools().items():
+                batched = pool.engine.max_num_batched_tokens
+                if batched is not None and batched < self.model.max_model_len:
+                    # vLLM rejects this without chunked prefill; say which field to change.
+                    raise ValueError(
+                        f"tiers.{tier}.{role}.engine.max_num_batched_tokens ({batched}) "
+                        f"must be >= model.max_model_len ({self.model.max_model_len})"
+                    )
         return self
 
     @classmethod

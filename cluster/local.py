@@ -60,10 +60,10 @@ class LocalCluster:
             )
             self._started_ray = True
         serve.start(http_options={"host": self.cfg.gateway.host, "port": self.cfg.gateway.port})
-        self.progress(
-            f"[tandem] deploying: gateway, {self.cfg.pools.prefill.replicas} prefill and "
-            f"{self.cfg.pools.decode.replicas} decode engine(s) of {self.cfg.model.served_name}"
+        pools = ", ".join(
+            f"{tier}: {t.prefill.replicas} prefill + {t.decode.replicas} decode" for tier, t in self.cfg.tiers.items()
         )
+        self.progress(f"[tandem] deploying {self.cfg.model.served_name}: gateway; {pools}")
         done = threading.Event()
         watcher = threading.Thread(target=self._report_progress, args=(done, t0), daemon=True)
         watcher.start()

@@ -29,6 +29,7 @@ class EngineRequest:
     request_id: str
     prompt_token_ids: tuple[int, ...]
     sampling: SamplingSettings
+    tier: Optional[str] = None  # None: the cluster's default tier
 
 
 @dataclass(frozen=True)
@@ -61,3 +62,11 @@ class RouteTrace:
     decode_worker: Optional[str] = None
     fallback_reason: Optional[str] = None
     extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class TierPools:
+    """The two pools of one tier, as Ray Serve handles (bound applications at build time)."""
+
+    prefill: Any
+    decode: Any

@@ -9,7 +9,7 @@ from __future__ import annotations
 import socket
 from typing import Optional
 
-from cluster.config import ClusterConfig, PoolConfig
+from cluster.config import ClusterConfig
 from cluster.engine import EngineSpec, EngineStats, VLLMEngine
 from kv_transfer.nixl import KVRole, NixlEndpoint, free_port
 
@@ -34,7 +34,9 @@ def replica_rank_and_id() -> tuple[int, str]:
         return 0, socket.gethostname()
 
 
-def build_engine_spec(cfg: ClusterConfig, pool_name: str, pool: PoolConfig, role: KVRole) -> EngineSpec:
+def build_engine_spec(cfg: ClusterConfig, tier: str, role: KVRole) -> EngineSpec:
+    pool_name = "prefill" if role == "kv_producer" else "decode"
+    pool = cfg.tiers[tier].pools()[pool_name]
     rank, replica_id = replica_rank_and_id()
     on_gpu = has_nvidia_gpu()
     binding: Optional[str] = None
@@ -52,7 +54,7 @@ def build_engine_spec(cfg: ClusterConfig, pool_name: str, pool: PoolConfig, role
         nixl=NixlEndpoint(host=host, port=free_port(host)),
         cpu_binding=binding,
         on_gpu=on_gpu,
-        worker_id=f"{pool_name}-{replica_id}",
+        worker_id=f"{tier}-{pool_name}-{replica_id}",
     )
 
 

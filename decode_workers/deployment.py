@@ -20,9 +20,9 @@ log = logging.getLogger(__name__)
 
 @serve.deployment(name="DecodeWorker")
 class DecodeWorker(EngineReplica):
-    def __init__(self, cfg: ClusterConfig):
+    def __init__(self, cfg: ClusterConfig, tier: str):
         self.model = cfg.model.served_name
-        self.engine = VLLMEngine(build_engine_spec(cfg, "decode", cfg.pools.decode, "kv_consumer"))
+        self.engine = VLLMEngine(build_engine_spec(cfg, tier, "kv_consumer"))
 
     async def generate(self, request: EngineRequest, handoff: Optional[Handoff]) -> AsyncIterator[TokenChunk]:
         params = None

@@ -13,8 +13,8 @@ from cluster.worker import EngineReplica, build_engine_spec
 
 @serve.deployment(name="PrefillWorker")
 class PrefillWorker(EngineReplica):
-    def __init__(self, cfg: ClusterConfig):
-        self.engine = VLLMEngine(build_engine_spec(cfg, "prefill", cfg.pools.prefill, "kv_producer"))
+    def __init__(self, cfg: ClusterConfig, tier: str):
+        self.engine = VLLMEngine(build_engine_spec(cfg, tier, "kv_producer"))
 
     async def prefill(self, request: EngineRequest) -> PrefillResult:
         return await self.engine.prefill(request)

@@ -17,7 +17,7 @@ from typing import Any, AsyncIterator, Optional
 
 from prometheus_client import Counter
 
-from cluster.protocol import EngineRequest, TokenChunk
+from cluster.protocol import EngineRequest, TierPools, TokenChunk
 from kv_transfer.handoff import Handoff, HandoffMismatch
 
 log = logging.getLogger(__name__)
@@ -35,26 +35,27 @@ HEALTH_TIMEOUT_S = 5.0
 class DisaggregatedBackend:
     """Implements router.openai's OpenAIBackend over Ray Serve handles to the two pools."""
 
-    def __init__(self, *, model_id: str, max_model_len: int, tokenizer: Any, prefill: Any, decode: Any,
-                 prefill_timeout_s: float):
+    def __init__(self, *, model_id: str, max_model_len: int, tokenizer: Any, pools: dict[str, TierPools],
+                 default_tier: str, prefill_timeout_s: float):
         self.model_id = model_id
         self.max_model_len = max_model_len
         self.tokenizer = tokenizer
-        self._prefill = prefill
-        self._decode = decode
+        self._pools = pools
+        self._default_tier = default_tier
         self._prefill_timeout_s = prefill_timeout_s
 
-    async def _handoff(self, request: EngineRequest) -> Optional[Handoff]:
+    def _tier(self, request: EngineRequest) -> TierPools:
+        return self._pools[request.tier or self._default_tier]
+
+    async def _handoff(self, request: EngineRequest, prefill: Any) -> Optional[Handoff]:
         """Run the prefill hop; None means: decode computes the prompt itself."""
         reason = None
         try:
-            result = await asyncio.wait_for(
-                self._prefill.prefill.remote(request), timeout=self._prefill_timeout_s
-            )
+            result = await asyncio.wait_for(prefill.prefill.remote(request), timeout=self._prefill_timeout_s)
             handoff = Handoff.from_prefill(self.model_id, result.kv_transfer_params)
         except asyncio.TimeoutError:
             reason = "prefill_timeout"
-            self._prefill.abort.remote(request.request_id)
+            prefill.abort.remote(request.request_id)
         except HandoffMismatch as exc:
             reason = "bad_handoff"
             log.warning("request %s: %s", request.request_id, exc)
@@ -69,9 +70,10 @@ class DisaggregatedBackend:
         return handoff
 
     async def generate(self, request: EngineRequest) -> AsyncIterator[TokenChunk]:
-        handoff = await self._handoff(request)
+        pools = self._tier(request)
+        handoff = await self._handoff(request, pools.prefill)
         for attempt in (1, 2):
-            stream = self._decode.options(stream=True).generate.remote(request, handoff)
+            stream = pools.decode.options(stream=True).generate.remote(request, handoff)
             started = False
             try:
                 async for chunk in stream:
@@ -88,12 +90,13 @@ class DisaggregatedBackend:
                 log.warning("request %s: decode failed before the first token; retrying", request.request_id)
 
     async def abort(self, request_id: str) -> None:
-        await asyncio.gather(
-            self._decode.abort.remote(request_id), self._prefill.abort.remote(request_id),
-            return_exceptions=True,
-        )
+        # The edge does not say which tier a request ran in; aborting an unknown id is a no-op.
+        handles = [h for pools in self._pools.values() for h in (pools.decode, pools.prefill)]
+        await asyncio.gather(*(h.abort.remote(request_id) for h in handles), return_exceptions=True)
 
     async def health(self) -> dict[str, Any]:
+        """Ready only when every pool of every tier answers."""
+
         async def probe(handle) -> bool:
             try:
                 await asyncio.wait_for(handle.stats.remote(), timeout=HEALTH_TIMEOUT_S)
@@ -101,5 +104,7 @@ class DisaggregatedBackend:
             except Exception:
                 return False
 
-        prefill_ok, decode_ok = await asyncio.gather(probe(self._prefill), probe(self._decode))
-        return {"ready": prefill_ok and decode_ok, "prefill": prefill_ok, "decode": decode_ok}
+        names = [(tier, pool) for tier in self._pools for pool in ("prefill", "decode")]
+        results = await asyncio.gather(*(probe(getattr(self._pools[t], p)) for t, p in names))
+        pools = {f"{t}-{p}": ok for (t, p), ok in zip(names, results)}
+        return {"ready": all(results), "pools": pools}

@@ -7,9 +7,9 @@ from __future__ import annotations
 from fastapi import Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from ray import serve
-from ray.serve.handle import DeploymentHandle
 
 from cluster.config import ClusterConfig
+from cluster.protocol import TierPools
 from router.disagg import DisaggregatedBackend
 from router.openai.app import build_openai_app
 from router.openai.tokenizer import PromptTokenizer
@@ -18,14 +18,14 @@ from router.openai.tokenizer import PromptTokenizer
 @serve.deployment(name="Gateway", ray_actor_options={"num_cpus": 0})
 @serve.ingress()
 class Gateway:
-    def __init__(self, cfg: ClusterConfig, prefill: DeploymentHandle, decode: DeploymentHandle):
+    def __init__(self, cfg: ClusterConfig, pools: dict[str, TierPools]):
         self.cfg = cfg
         self.backend = DisaggregatedBackend(
             model_id=cfg.model.served_name,
             max_model_len=cfg.model.max_model_len,
             tokenizer=PromptTokenizer(cfg.model.path),
-            prefill=prefill,
-            decode=decode,
+            pools=pools,
+            default_tier=cfg.default_tier,
             prefill_timeout_s=cfg.kv_transfer.prefill_timeout_s,
         )
 

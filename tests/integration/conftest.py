@@ -23,9 +23,11 @@ def integration_config(model_dir: Path):
             "model": {"path": str(model_dir), "name": MODEL_NAME, "dtype": "float32",
                       "max_model_len": MAX_MODEL_LEN},
             "gateway": {"host": "127.0.0.1", "port": GATEWAY_PORT},
-            "pools": {
-                "prefill": {"replicas": 1, "num_cpus": 1, "cpu_binding": ["0"], "engine": engine},
-                "decode": {"replicas": 1, "num_cpus": 1, "cpu_binding": ["1"], "engine": engine},
+            "tiers": {
+                "interactive": {
+                    "prefill": {"replicas": 1, "num_cpus": 1, "cpu_binding": ["0"], "engine": engine},
+                    "decode": {"replicas": 1, "num_cpus": 1, "cpu_binding": ["1"], "engine": engine},
+                },
             },
             # Short, so the prefill-outage test falls back quickly.
             "kv_transfer": {"prefill_timeout_s": 5},

@@ -67,7 +67,7 @@ def _sse_events(response: httpx.Response) -> list[dict]:
 def _decode_stats():
     from ray import serve
 
-    return serve.get_deployment_handle("DecodeWorker", app_name="tandem").stats.remote().result()
+    return serve.get_deployment_handle("interactive-decode", app_name="tandem").stats.remote().result()
 
 
 @pytest.mark.parametrize("prompt", PROMPTS)
@@ -134,7 +134,7 @@ def test_models_and_health(base_url):
     assert [m["id"] for m in models["data"]] == [MODEL_NAME]
     health = httpx.get(f"{base_url}/health", timeout=30)
     assert health.status_code == 200
-    assert health.json()["prefill"] is True and health.json()["decode"] is True
+    assert health.json()["pools"] == {"interactive-prefill": True, "interactive-decode": True}
 
 
 def test_openai_sdk_works_unchanged(base_url):

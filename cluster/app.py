@@ -10,10 +10,20 @@ from cluster.protocol import TierPools
 APP_NAME = "tandem"
 
 
+def _actor_options(pool: PoolConfig) -> dict:
+    """Ray resources of one replica, and where it may run (pool.placement, multi-node)."""
+    options: dict = {"num_cpus": pool.num_cpus, "num_gpus": pool.num_gpus}
+    if pool.placement.resources:
+        options["resources"] = dict(pool.placement.resources)
+    if pool.placement.node_labels:
+        options["label_selector"] = dict(pool.placement.node_labels)
+    return options
+
+
 def _pool_options(pool: PoolConfig) -> dict:
     return {
         "num_replicas": pool.replicas,
-        "ray_actor_options": {"num_cpus": pool.num_cpus, "num_gpus": pool.num_gpus},
+        "ray_actor_options": _actor_options(pool),
         # vLLM's engine start takes tens of seconds on CPU; don't let Serve give up early.
         "health_check_period_s": 10,
         "health_check_timeout_s": 60,

@@ -44,6 +44,19 @@ class EngineConfig(_Strict):
     block_size: Optional[int] = Field(None, ge=1)
 
 
+class PlacementConfig(_Strict):
+    """Which Ray nodes a pool's replicas may run on (multi-node clusters). A replica is placed
+    only on a node that has all these custom resources free and carries all these labels, so
+    prefill and decode can live on different machines. Empty: anywhere."""
+
+    # Ray custom resources per replica, e.g. {"tandem-prefill": 1}; nodes advertise them with
+    # `ray start --resources '{"tandem-prefill": 8}'` (the Helm chart does this per worker group).
+    resources: dict[str, float] = {}
+    # Ray node labels the replica requires (Ray's label_selector), e.g. {"tandem.io/pool":
+    # "interactive-prefill"}; nodes get them with `ray start --labels k=v`.
+    node_labels: dict[str, str] = {}
+
+
 class PoolConfig(_Strict):
     replicas: int = Field(1, ge=0)
     num_cpus: float = Field(1.0, ge=0)
@@ -53,6 +66,7 @@ class PoolConfig(_Strict):
     # slower, so each replica gets its own. Ignored on GPU.
     cpu_binding: tuple[str, ...] = ()
     engine: EngineConfig = EngineConfig()
+    placement: PlacementConfig = PlacementConfig()
 
 
 class TierConfig(_Strict):
@@ -71,6 +85,8 @@ class KVTransferConfig(_Strict):
     )
     # "recompute": a KV load that fails costs a local prefill on decode instead of an error.
     failure_policy: Literal["recompute", "fail"] = "recompute"
+    # Address decode engines dial for the NIXL handshake. "auto": this replica's Ray node IP,
+    # needed when prefill and decode run on different machines (the Helm chart sets it).
     side_channel_host: str = "127.0.0.1"
     # Bounded wait for the prefill hop; past it the request is recomputed on decode.
     prefill_timeout_s: float = Field(30.0, gt=0)
@@ -96,19 +112,27 @@ class RayConfig(_Strict):
 class ClusterConfig(_Strict):
     model: ModelConfig
     gateway: GatewayConfig = GatewayConfig()
-    # Insertion order matters: the first tier is the default one.
     tiers: dict[str, TierConfig] = Field(default_factory=lambda: {"interactive": TierConfig()})
+    # Tier of requests that name none. Unset: the first tier in the YAML. Helm loses YAML key
+    # order (values become Go maps), so the chart always sets it.
+    default_tier: Optional[str] = None
     kv_transfer: KVTransferConfig = KVTransferConfig()
     ray: RayConfig = RayConfig()
 
-    @property
-    def default_tier(self) -> str:
-        return next(iter(self.tiers))
+    @model_validator(mode="before")
+    @classmethod
+    def _fill_default_tier(cls, data):
+        if isinstance(data, dict) and data.get("default_tier") is None:
+            tiers = data.get("tiers", {"interactive": None})
+            data = {**data, "default_tier": next(iter(tiers), None) if isinstance(tiers, dict) else None}
+        return data
 
     @model_validator(mode="after")
     def _check_tiers(self) -> "ClusterConfig":
         if not self.tiers:
             raise ValueError("tiers: at least one tier is needed")
+        if self.default_tier not in self.tiers:
+            raise ValueError(f"default_tier: {self.default_tier!r} is not one of the tiers {list(self.tiers)}")
         for tier, tier_cfg in self.tiers.items():
             if not re.fullmatch(r"[a-z][a-z0-9-]{0,30}", tier):
                 raise ValueError(f"tiers.{tier}: tier names are lowercase letters, digits and '-'")

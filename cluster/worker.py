@@ -43,6 +43,10 @@ def build_engine_spec(cfg: ClusterConfig, tier: str, role: KVRole) -> EngineSpec
     if pool.cpu_binding:
         binding = pool.cpu_binding[rank % len(pool.cpu_binding)]
     host = cfg.kv_transfer.side_channel_host
+    if host == "auto":  # multi-node (Helm): the address other Ray nodes reach this replica at
+        import ray
+
+        host = ray.util.get_node_ip_address()
     return EngineSpec(
         model_path=cfg.model.path,
         served_name=cfg.model.served_name,

@@ -1,0 +1,157 @@
+{{/* Names and labels. */}}
+{{- define "tandem.fullname" -}}
+{{- if contains .Chart.Name .Release.Name -}}
+{{- .Release.Name | trunc 40 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name .Chart.Name | trunc 40 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "tandem.selectorLabels" -}}
+app.kubernetes.io/name: {{ .Chart.Name }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end -}}
+
+{{- define "tandem.labels" -}}
+{{ include "tandem.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
+{{- end -}}
+
+{{/* Ray pods of this release carry this label: ray-head or ray-worker. */}}
+{{- define "tandem.componentKey" -}}app.kubernetes.io/component{{- end -}}
+{{- define "tandem.poolKey" -}}tandem.io/pool{{- end -}}
+
+{{/* The Ray custom resource a pool's worker group advertises and its replicas ask for. */}}
+{{- define "tandem.poolResource" -}}tandem-pool-{{ . }}{{- end -}}
+
+{{/* Redis URL the chart provides ("" when none). */}}
+{{- define "tandem.redisUrl" -}}
+{{- if .Values.redis.builtin -}}
+redis://{{ include "tandem.fullname" . }}-redis:6379/0
+{{- else -}}
+{{- .Values.redis.url -}}
+{{- end -}}
+{{- end -}}
+
+{{/*
+Pools of the ClusterConfig as a list of {tier, role, name}, one per worker group.
+*/}}
+{{- define "tandem.pools" -}}
+{{- $pools := list -}}
+{{- range $tier, $_ := .Values.cluster.tiers -}}
+{{- range $role := list "prefill" "decode" -}}
+{{- $pools = append $pools (dict "tier" $tier "role" $role "name" (printf "%s-%s" $tier $role)) -}}
+{{- end -}}
+{{- end -}}
+{{- toJson $pools -}}
+{{- end -}}
+
+{{/*
+Worker group settings of one pool: workers.defaults overlaid by workers.pools.<name>.
+*/}}
+{{- define "tandem.workerGroup" -}}
+{{- $override := get (.root.Values.workers.pools | default dict) .name | default dict -}}
+{{- toJson (mergeOverwrite (deepCopy .root.Values.workers.defaults) (deepCopy $override)) -}}
+{{- end -}}
+
+{{/*
+The ClusterConfig handed to cluster.serve_entry:build: .Values.cluster with what the chart
+provides filled in where the user left it unset (see values.yaml).
+*/}}
+{{- define "tandem.clusterConfig" -}}
+{{- $cfg := deepCopy .Values.cluster -}}
+{{- if not $cfg.default_tier -}}
+{{- fail "cluster.default_tier is required: Helm does not keep the order of cluster.tiers" -}}
+{{- end -}}
+{{- $gateway := $cfg.gateway | default dict -}}
+{{- $_ := set $gateway "host" "0.0.0.0" -}}
+{{- $_ := set $gateway "port" .Values.service.targetPort -}}
+{{- $_ := set $cfg "gateway" $gateway -}}
+{{- $kv := $cfg.kv_transfer | default dict -}}
+{{- if not $kv.side_channel_host -}}{{- $_ := set $kv "side_channel_host" "auto" -}}{{- end -}}
+{{- $_ := set $cfg "kv_transfer" $kv -}}
+{{- range $tier, $t := $cfg.tiers -}}
+{{- $t = $t | default dict -}}
+{{- range $role := list "prefill" "decode" -}}
+{{- $pool := get $t $role | default dict -}}
+{{- if not $pool.placement -}}
+{{- $_ := set $pool "placement" (dict "resources" (dict (include "tandem.poolResource" (printf "%s-%s" $tier $role)) 1)) -}}
+{{- end -}}
+{{- $_ := set $t $role $pool -}}
+{{- end -}}
+{{- $_ := set $cfg.tiers $tier $t -}}
+{{- end -}}
+{{- $routing := $cfg.routing | default dict -}}
+{{- $index := $routing.index | default dict -}}
+{{- if eq ($index.backend | default "memory") "redis" -}}
+{{- if not $index.redis_url -}}
+{{- $url := include "tandem.redisUrl" . -}}
+{{- if not $url -}}
+{{- fail "cluster.routing.index.backend is redis: set redis.builtin=true or redis.url" -}}
+{{- end -}}
+{{- $_ := set $index "redis_url" $url -}}
+{{- end -}}
+{{- $_ := set $routing "index" $index -}}
+{{- $_ := set $cfg "routing" $routing -}}
+{{- end -}}
+{{- toJson $cfg -}}
+{{- end -}}
+
+{{/*
+Environment of every Ray container: API keys from the Secret, and the KV transfer extras.
+*/}}
+{{- define "tandem.env" -}}
+{{- $auth := .Values.cluster.auth | default dict -}}
+{{- range $key := $auth.keys | default list -}}
+{{- if $key.env }}
+- name: {{ $key.env }}
+  valueFrom:
+    secretKeyRef:
+      name: {{ required "apiKeys.secretName is required when cluster.auth.keys read environment variables" $.Values.apiKeys.secretName }}
+      key: {{ $key.env }}
+{{- end -}}
+{{- end -}}
+{{- range $name, $value := .Values.kvTransfer.env }}
+- name: {{ $name }}
+  value: {{ $value | quote }}
+{{- end }}
+- name: RAY_USAGE_STATS_ENABLED
+  value: "0"
+{{- end -}}
+
+{{/* Volumes and mounts of every Ray pod: the model and /dev/shm. */}}
+{{- define "tandem.volumes" -}}
+- name: models
+{{- if .Values.model.volume }}
+{{ toYaml .Values.model.volume | indent 2 }}
+{{- else }}
+  emptyDir: {}
+{{- end }}
+- name: dshm
+  emptyDir:
+    medium: Memory
+    sizeLimit: {{ .Values.kvTransfer.shmSize }}
+{{- end -}}
+
+{{- define "tandem.volumeMounts" -}}
+- name: models
+  mountPath: /models
+  readOnly: {{ not .Values.model.prepare }}
+- name: dshm
+  mountPath: /dev/shm
+{{- end -}}
+
+{{- define "tandem.initContainers" -}}
+{{- if .Values.model.prepare }}
+initContainers:
+  - name: prepare-model
+    image: "{{ .Values.image.repository }}:{{ .Values.image.tag }}"
+    imagePullPolicy: {{ .Values.image.pullPolicy }}
+    command: ["tandem", "prepare-model", "--dest", {{ .Values.cluster.model.path | quote }}]
+    volumeMounts:
+      - name: models
+        mountPath: /models
+{{- end }}
+{{- end -}}

@@ -123,7 +123,7 @@ def crd_validators():
 
     validators = {}
     for kind, filename in CRD_FILES.items():
-        crd = yaml.safe_load((CRDS / filename).read_text())
+        crd = yaml.load((CRDS / filename).read_text(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
         [version] = [v for v in crd["spec"]["versions"] if v.get("storage")]
         group = crd["spec"]["group"]
         schema = _closed(version["schema"]["openAPIV3Schema"])
@@ -243,7 +243,12 @@ def test_network_policies_keep_workers_and_redis_private(chart):
     instance = {"app.kubernetes.io/name": "tandem", "app.kubernetes.io/instance": "tandem"}
     workers = policies["tandem-ray-workers"]
     assert workers["ingress"][0] == {"from": [{"podSelector": {"matchLabels": instance}}]}
-    assert workers["ingress"][1] == {"ports": [{"port": 8080, "protocol": "TCP"}]}  # metrics only
+    assert workers["ingress"][1] == {"ports": [{"port": 8080, "protocol": "TCP"}]}  # metrics
+    operator = [{"namespaceSelector": {}, "podSelector": {"matchLabels": {"app.kubernetes.io/name": "kuberay-operator"}}}]
+    assert workers["ingress"][2] == {"ports": [{"port": 52365, "protocol": "TCP"}], "from": operator}
+    assert len(workers["ingress"]) == 3
+    head = policies["tandem-ray-head"]
+    assert {"ports": [{"port": 8000, "protocol": "TCP"}]} in head["ingress"]  # the gateway: anyone
     redis = policies["tandem-redis"]
     assert [p["podSelector"]["matchLabels"]["app.kubernetes.io/component"] for p in redis["ingress"][0]["from"]] \
         == ["ray-head", "ray-worker"]

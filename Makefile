@@ -1,10 +1,15 @@
 # Two commands set everything up on a fresh machine: `make run` and `make test`.
 VENV := .venv
 
-.PHONY: run test stop setup unit
+.PHONY: run test stop setup unit redis
 
 setup:
 	bash cluster/bootstrap.sh
+
+# The Redis prefix-index tests start their own real redis-server (Debian's package) on a free port.
+redis:
+	@command -v redis-server >/dev/null || (apt-get update && apt-get install -y redis-server) || \
+	  { echo "redis-server is missing and could not be installed: run 'apt-get install -y redis-server' as root"; exit 1; }
 
 run: setup
 	$(VENV)/bin/tandem run
@@ -12,8 +17,8 @@ run: setup
 stop:
 	$(VENV)/bin/tandem stop
 
-test: setup
+test: setup redis
 	$(VENV)/bin/python -m pytest -ra
 
-unit: setup
+unit: setup redis
 	$(VENV)/bin/python -m pytest -ra tests/unit

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from ray.serve import Application
+from ray.serve.config import RequestRouterConfig
 
 from cluster.config import ClusterConfig, PoolConfig
 from cluster.protocol import TierPools
@@ -29,6 +30,12 @@ def _pool_options(pool: PoolConfig) -> dict:
         "health_check_timeout_s": 60,
         "graceful_shutdown_timeout_s": 20,
         "max_ongoing_requests": max(pool.engine.max_num_seqs * 2, 8),
+        # The gateway's KV-aware router picks the replica; this Serve router sends the request
+        # there and reports the replicas' routing stats (worker id, KV-event endpoints) back.
+        "request_router_config": RequestRouterConfig(
+            request_router_class="router.routing.serve_router:KVAwareRequestRouter",
+            request_routing_stats_period_s=1.0,
+        ),
     }
 
 

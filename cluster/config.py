@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Literal, Optional
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 
 MiB = 1 << 20
 
@@ -104,6 +104,44 @@ class GatewayConfig(_Strict):
     max_body_bytes: int = Field(4 * MiB, ge=1024)
 
 
+class RoutingIndexConfig(_Strict):
+    """Where the prefix index lives (router/prefix_index/). `memory`: inside the gateway (one
+    gateway replica). `redis`: shared by several gateway replicas; if Redis is unreachable,
+    routing falls back to load only and recovers when it returns."""
+
+    backend: Literal["memory", "redis"] = "memory"
+    redis_url: Optional[str] = Field(None, description="e.g. redis://127.0.0.1:6379/0; required for redis.")
+    redis_password: Optional[SecretStr] = None
+    key_prefix: str = "tandem:"
+
+    @model_validator(mode="after")
+    def _check_redis(self) -> "RoutingIndexConfig":
+        if self.backend == "redis" and not self.redis_url:
+            raise ValueError("routing.index.redis_url is required when routing.index.backend is redis")
+        return self
+
+
+class RoutingConfig(_Strict):
+    """KV-aware routing (router/routing/): filter → score → pick, weights as data."""
+
+    # Scorer weights; scores are in [0, 1]. prefix: share of the prompt cached on the worker;
+    # load: free request slots; kv_usage: free KV cache. Weight 0 switches a scorer off.
+    weights: dict[Literal["prefix", "load", "kv_usage"], float] = {"prefix": 1.0, "load": 0.5, "kv_usage": 0.1}
+    # P/D decider: send a request straight to decode when the part of its prompt the decode
+    # engine has not cached is shorter than this many tokens. 0: always disaggregate.
+    decode_only_below_tokens: int = Field(0, ge=0)
+    # Engines publish KV-cache events (vLLM kv_events_config, ZMQ) and the gateway follows
+    # them; off: routing on load only.
+    kv_events: bool = True
+    index: RoutingIndexConfig = RoutingIndexConfig()
+
+    @model_validator(mode="after")
+    def _check_weights(self) -> "RoutingConfig":
+        if any(w < 0 for w in self.weights.values()) or not any(w > 0 for w in self.weights.values()):
+            raise ValueError("routing.weights: weights must be >= 0 and at least one > 0")
+        return self
+
+
 class RayConfig(_Strict):
     address: Optional[str] = Field(None, description="Existing cluster; None starts a local one.")
     num_cpus: Optional[int] = Field(None, ge=1)
@@ -118,6 +156,7 @@ class ClusterConfig(_Strict):
     default_tier: Optional[str] = None
     kv_transfer: KVTransferConfig = KVTransferConfig()
     ray: RayConfig = RayConfig()
+    routing: RoutingConfig = RoutingConfig()
 
     @model_validator(mode="before")
     @classmethod

@@ -29,6 +29,24 @@ log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
+class KVEventsEndpoint:
+    """Where this engine publishes its KV-cache events (router/kv_events.py follows them).
+    The EngineCore binds both ports on all interfaces; `host` is what subscribers dial."""
+
+    host: str
+    port: int
+    replay_port: int
+
+    @property
+    def endpoint(self) -> str:
+        return f"tcp://{self.host}:{self.port}"
+
+    @property
+    def replay_endpoint(self) -> str:
+        return f"tcp://{self.host}:{self.replay_port}"
+
+
+@dataclass(frozen=True)
 class EngineSpec:
     model_path: Path
     served_name: str
@@ -41,6 +59,7 @@ class EngineSpec:
     cpu_binding: Optional[str]
     on_gpu: bool
     worker_id: str
+    kv_events: Optional[KVEventsEndpoint] = None
 
 
 @dataclass(frozen=True)
@@ -112,6 +131,7 @@ class VLLMEngine:
                 kv_transfer_config(spec.kv, spec.kv_role, spec.on_gpu) if spec.kv_role else None
             ),
             disable_log_stats=False,
+            kv_events_config=_kv_events_config(spec.kv_events),
         )
         log.info("starting vLLM engine %s (%s) with %s", spec.worker_id, spec.kv_role, spec.model_path)
         self._llm = AsyncLLM.from_engine_args(args)
@@ -179,6 +199,16 @@ class VLLMEngine:
             kv_cache_usage=values.get(("vllm:kv_cache_usage_perc", None), 0.0),
         )
 
+    def cache_layout(self) -> dict[str, Any]:
+        """How this engine hashes prefix-cache blocks: the router must hash prompts the same way."""
+        cache = self._llm.vllm_config.cache_config
+        return {
+            "block_size": cache.block_size,
+            "hash_algo": cache.prefix_caching_hash_algo,
+            # vLLM seeds its first block hash from PYTHONHASHSEED when the EngineCore has it.
+            "hash_seed": os.environ.get("PYTHONHASHSEED", "vllm-none-hash"),
+        }
+
     def check_alive(self) -> None:
         if self._llm.errored:
             raise RuntimeError(f"vLLM engine {self.spec.worker_id} has died: {self._llm.dead_error}")
@@ -189,6 +219,15 @@ class VLLMEngine:
         self._closed = True
         log.info("shutting down vLLM engine %s", self.spec.worker_id)
         self._llm.shutdown()
+
+
+def _kv_events_config(events: Optional[KVEventsEndpoint]):
+    if events is None:
+        return None
+    from vllm.config import KVEventsConfig
+
+    return KVEventsConfig(enable_kv_cache_events=True, publisher="zmq",
+                          endpoint=f"tcp://*:{events.port}", replay_endpoint=f"tcp://*:{events.replay_port}")
 
 
 def _read_vllm_metrics() -> dict[tuple[str, Optional[str]], float]:

@@ -1,7 +1,9 @@
 """What the prefill and decode replicas share: building this replica's EngineSpec.
 
 A replica learns its rank from Ray Serve, takes the CPU core slot for that rank and a free
-NIXL side-channel port, so new replicas (autoscaling, restarts) need no manual wiring.
+NIXL side-channel port and two free KV-event ports (publisher and replay), and reports them to
+the gateway's router through Ray Serve's routing stats, so new replicas (autoscaling,
+restarts) need no manual wiring.
 """
 
 from __future__ import annotations
@@ -10,7 +12,7 @@ import socket
 from typing import Optional
 
 from cluster.config import ClusterConfig
-from cluster.engine import EngineSpec, EngineStats, VLLMEngine
+from cluster.engine import EngineSpec, EngineStats, KVEventsEndpoint, VLLMEngine
 from kv_transfer.nixl import KVRole, NixlEndpoint, free_port
 
 
@@ -58,7 +60,12 @@ def build_engine_spec(cfg: ClusterConfig, tier: str, role: KVRole) -> EngineSpec
         nixl=NixlEndpoint(host=host, port=free_port(host)),
         cpu_binding=binding,
         on_gpu=on_gpu,
+        # The same id the router derives from the Serve replica id (router/routing/service.py).
         worker_id=f"{tier}-{pool_name}-{replica_id}",
+        kv_events=(
+            KVEventsEndpoint(host=host, port=free_port("0.0.0.0"), replay_port=free_port("0.0.0.0"))
+            if cfg.routing.kv_events and pool.engine.enable_prefix_caching else None
+        ),
     )
 
 
@@ -66,6 +73,18 @@ class EngineReplica:
     """Base of the prefill and decode deployments: owns one engine for the replica's life."""
 
     engine: VLLMEngine
+
+    def record_routing_stats(self) -> dict:
+        """Ray Serve's hook (every request_routing_stats_period_s), delivered to the gateway's
+        request router: who this engine is, where its KV events are, how it hashes blocks.
+        KV usage is rounded so the stats (broadcast on change) change rarely."""
+        spec = self.engine.spec
+        stats = {"worker_id": spec.worker_id, **self.engine.cache_layout(),
+                 "kv_usage": round(self.engine.stats().kv_cache_usage, 1)}
+        if spec.kv_events is not None:
+            stats["kv_events"] = spec.kv_events.endpoint
+            stats["kv_replay"] = spec.kv_events.replay_endpoint
+        return stats
 
     async def abort(self, request_id: str) -> None:
         await self.engine.abort(request_id)

@@ -2,6 +2,10 @@
 
 prefill pool (max_tokens=1, returns a Handoff) → decode pool (pulls the KV over NIXL, streams).
 
+Which prefill and decode replica, and whether to prefill remotely at all, is the KVRouter's
+decision (router/routing/service.py); it never fails a request: when it cannot decide, Serve
+picks the replica as before.
+
 Failure policy, in order of what can go wrong:
 - the prefill hop raises, times out, or returns no handoff → decode computes the prompt
   itself ("fallback_recompute", counted by reason). Latency, not a lost request.
@@ -12,6 +16,7 @@ Failure policy, in order of what can go wrong:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from typing import Any, AsyncIterator, Optional
 
@@ -19,6 +24,7 @@ from prometheus_client import Counter
 
 from cluster.protocol import EngineRequest, TierPools, TokenChunk
 from kv_transfer.handoff import Handoff, HandoffMismatch
+from router.routing.types import RouteDecision
 
 log = logging.getLogger(__name__)
 
@@ -36,13 +42,14 @@ class DisaggregatedBackend:
     """Implements router.openai's OpenAIBackend over Ray Serve handles to the two pools."""
 
     def __init__(self, *, model_id: str, max_model_len: int, tokenizer: Any, pools: dict[str, TierPools],
-                 default_tier: str, prefill_timeout_s: float):
+                 default_tier: str, prefill_timeout_s: float, router: Any = None):
         self.model_id = model_id
         self.max_model_len = max_model_len
         self.tokenizer = tokenizer
         self._pools = pools
         self._default_tier = default_tier
         self._prefill_timeout_s = prefill_timeout_s
+        self._router = router  # a KVRouter, or None: Serve's own replica choice
 
     def _tier(self, request: EngineRequest) -> TierPools:
         return self._pools[request.tier or self._default_tier]
@@ -69,16 +76,40 @@ class DisaggregatedBackend:
         ROUTES.labels(path="disaggregated", reason="").inc()
         return handoff
 
+    async def _route(self, request: EngineRequest) -> Optional[RouteDecision]:
+        if self._router is None:
+            return None
+        try:
+            return await self._router.route(request, request.tier or self._default_tier)
+        except Exception:  # routing must never fail a request
+            log.exception("request %s: routing failed; Serve picks the replicas", request.request_id)
+            ROUTES.labels(path="router_error", reason="").inc()
+            return None
+
+    def _dispatch(self, decision: Optional[RouteDecision], pool: str, request_id: str):
+        if decision is None:
+            return contextlib.nullcontext()
+        return self._router.dispatch(decision.prefill if pool == "prefill" else decision.decode, request_id)
+
     async def generate(self, request: EngineRequest) -> AsyncIterator[TokenChunk]:
         pools = self._tier(request)
-        handoff = await self._handoff(request, pools.prefill)
+        decision = await self._route(request)
+        if decision is not None and decision.skip_prefill:
+            handoff = None  # the P/D decider: decode computes the short uncached part itself
+            ROUTES.labels(path="decode_only", reason="").inc()
+        else:
+            with self._dispatch(decision, "prefill", request.request_id):
+                handoff = await self._handoff(request, pools.prefill)
         for attempt in (1, 2):
-            stream = pools.decode.options(stream=True).generate.remote(request, handoff)
+            # The retry goes wherever Serve sends it: the chosen replica may be the broken one.
+            routed = decision if attempt == 1 else None
             started = False
             try:
-                async for chunk in stream:
-                    started = True
-                    yield chunk
+                with self._dispatch(routed, "decode", request.request_id):
+                    stream = pools.decode.options(stream=True).generate.remote(request, handoff)
+                    async for chunk in stream:
+                        started = True
+                        yield chunk
                 return
             except (asyncio.CancelledError, GeneratorExit):
                 stream.cancel()

@@ -13,6 +13,7 @@ from cluster.protocol import TierPools
 from router.disagg import DisaggregatedBackend
 from router.openai.app import build_openai_app
 from router.openai.tokenizer import PromptTokenizer
+from router.routing.build import build_kv_router
 
 
 @serve.deployment(name="Gateway", ray_actor_options={"num_cpus": 0})
@@ -27,6 +28,7 @@ class Gateway:
             pools=pools,
             default_tier=cfg.default_tier,
             prefill_timeout_s=cfg.kv_transfer.prefill_timeout_s,
+            router=build_kv_router(cfg),
         )
 
     def __serve_build_asgi_app__(self):

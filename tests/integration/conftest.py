@@ -25,7 +25,9 @@ def integration_config(model_dir: Path):
             "gateway": {"host": "127.0.0.1", "port": GATEWAY_PORT},
             "tiers": {
                 "interactive": {
-                    "prefill": {"replicas": 1, "num_cpus": 1, "cpu_binding": ["0"], "engine": engine},
+                    # Two prefill engines, one per core, for the KV-aware routing test
+                    # (test_kv_router.py); half a CPU each so both fit beside decode.
+                    "prefill": {"replicas": 2, "num_cpus": 0.5, "cpu_binding": ["0", "1"], "engine": engine},
                     "decode": {"replicas": 1, "num_cpus": 1, "cpu_binding": ["1"], "engine": engine},
                 },
             },
@@ -49,3 +51,18 @@ def cluster(tiny_model_dir):
 @pytest.fixture(scope="session")
 def base_url(cluster) -> str:
     return cluster.url
+
+
+def replica_stats(deployment: str, replicas: int) -> dict:
+    """{worker_id: EngineStats} of every replica of a pool. A handle call lands on one replica
+    Serve picks, so this asks until it has heard from `replicas` distinct engines."""
+    from ray import serve
+
+    handle = serve.get_deployment_handle(deployment, app_name="tandem")
+    seen: dict = {}
+    for _ in range(100):
+        stats = handle.stats.remote().result()
+        seen[stats.worker_id] = stats
+        if len(seen) == replicas:
+            return seen
+    raise AssertionError(f"heard from {sorted(seen)} only, expected {replicas} replicas of {deployment}")

@@ -1,0 +1,26 @@
+"""The gateway's KVRouter from the cluster config (the one place routing is wired)."""
+
+from __future__ import annotations
+
+from cluster.app import APP_NAME, deployment_name
+from cluster.config import ClusterConfig
+from router.prefix_index import make_index
+from router.routing.decider import PDDecider
+from router.routing.directory import pool_directory
+from router.routing.service import KVRouter
+
+
+def build_kv_router(cfg: ClusterConfig) -> KVRouter:
+    routing = cfg.routing
+    index = None
+    if routing.kv_events:
+        password = routing.index.redis_password
+        index = make_index(routing.index.backend, redis_url=routing.index.redis_url,
+                           redis_password=password.get_secret_value() if password else None,
+                           prefix=routing.index.key_prefix)
+    directories = {
+        (tier, pool): pool_directory(APP_NAME, deployment_name(tier, pool))
+        for tier in cfg.tiers for pool in ("prefill", "decode")
+    }
+    return KVRouter(directories=directories, index=index, weights=routing.weights,
+                    decider=PDDecider(routing.decode_only_below_tokens))

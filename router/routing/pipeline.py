@@ -1,0 +1,72 @@
+"""Filter → score → pick, configured as data.
+
+Filters drop workers that must not get the request; scorers rate the rest in [0, 1]; the
+picker takes the highest weighted sum, ties broken at random (so equal workers share load).
+Weights come from the cluster YAML (`routing.weights`); a scorer with weight 0 is skipped.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Callable, Mapping, Optional, Sequence
+
+from router.routing.types import Pick, RouteContext, Worker
+
+Filter = Callable[[Worker, RouteContext], bool]
+Scorer = Callable[[Worker, RouteContext], float]
+
+
+def healthy(worker: Worker, ctx: RouteContext) -> bool:
+    return worker.healthy
+
+
+def in_tier(worker: Worker, ctx: RouteContext) -> bool:
+    return worker.tier == ctx.tier
+
+
+def has_capacity(worker: Worker, ctx: RouteContext) -> bool:
+    return worker.in_flight < worker.capacity
+
+
+# Hard filters never relax; soft ones are dropped when they would leave no worker (Serve then
+# queues the request on a busy replica rather than fail it).
+HARD_FILTERS: tuple[Filter, ...] = (healthy, in_tier)
+SOFT_FILTERS: tuple[Filter, ...] = (has_capacity,)
+
+
+def prefix_score(worker: Worker, ctx: RouteContext) -> float:
+    """Share of the prompt's full blocks already cached on the worker."""
+    total = ctx.num_blocks.get(worker.worker_id, 0)
+    return min(ctx.matches.get(worker.worker_id, 0) / total, 1.0) if total else 0.0
+
+
+def load_score(worker: Worker, ctx: RouteContext) -> float:
+    """1 when idle, 0 at capacity (this gateway's in-flight requests on it)."""
+    return max(0.0, 1.0 - worker.in_flight / max(worker.capacity, 1))
+
+
+def kv_usage_score(worker: Worker, ctx: RouteContext) -> float:
+    """Free KV cache: a full cache evicts, and evicts the prefixes we route for."""
+    return min(max(1.0 - worker.kv_usage, 0.0), 1.0)
+
+
+SCORERS: Mapping[str, Scorer] = {"prefix": prefix_score, "load": load_score, "kv_usage": kv_usage_score}
+
+
+def pick(workers: Sequence[Worker], ctx: RouteContext, weights: Mapping[str, float],
+         rng: random.Random) -> Optional[Pick]:
+    """The best worker for the request, or None when no worker passes the hard filters."""
+    candidates = [w for w in workers if all(f(w, ctx) for f in HARD_FILTERS)]
+    relaxed = [w for w in candidates if all(f(w, ctx) for f in SOFT_FILTERS)]
+    candidates = relaxed or candidates
+    if not candidates:
+        return None
+    best: list[Pick] = []
+    for worker in candidates:
+        scores = {name: SCORERS[name](worker, ctx) for name, weight in weights.items() if weight > 0}
+        total = sum(weights[name] * s for name, s in scores.items())
+        if not best or total > best[0].score + 1e-12:
+            best = [Pick(worker, total, scores)]
+        elif abs(total - best[0].score) <= 1e-12:
+            best.append(Pick(worker, total, scores))
+    return rng.choice(best)

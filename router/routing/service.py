@@ -1,0 +1,198 @@
+"""KVRouter: the gateway's routing decision for each request, and the KV-event plumbing.
+
+Lifecycle and call order:
+1. `KVRouter(...)` in the gateway's constructor; it starts nothing.
+2. `await route(request)` per request: syncs KV-event subscribers with the live workers
+   (throttled), hashes the prompt per cache layout, looks the hashes up in the PrefixIndex,
+   picks the decode worker, asks the PDDecider whether a remote prefill is worth it, picks
+   the prefill worker, counts the decision. Never raises for routing reasons: an index that
+   cannot answer (Redis down, slow) means load-only routing, no workers known means "let
+   Serve choose".
+3. `dispatch(decision.prefill / decision.decode, request_id)` as a context manager around
+   each hop: pins the request to the chosen replica and counts it in flight.
+4. `close()` once: stops the subscribers and the index client.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+import time
+from typing import Callable, Iterator, Mapping, Optional
+
+from cluster.protocol import EngineRequest
+from router.hashing import DEFAULT_SEED, BlockHasher
+from router.kv_events import KVEventSubscriber
+from router.prefix_index import IndexUnavailable, PrefixIndex
+from router.routing import metrics
+from router.routing.decider import PDDecider
+from router.routing.directory import PoolDirectory
+from router.routing.pipeline import pick
+from router.routing.types import Pick, RouteContext, RouteDecision, Worker
+
+log = logging.getLogger(__name__)
+
+INDEX_TIMEOUT_S = 0.25
+SYNC_PERIOD_S = 0.5
+
+
+def worker_from(info, tier: str, pool: str, deployment: str, in_flight: int) -> Worker:
+    """A Worker from a replica's directory entry; before its first routing stats arrive it
+    is load-only (no cache layout known)."""
+    stats = info.stats
+    return Worker(
+        worker_id=stats.get("worker_id") or f"{deployment}-{info.replica_id}",
+        replica_id=info.replica_id,
+        tier=tier,
+        pool=pool,
+        in_flight=in_flight,
+        capacity=max(int(info.capacity), 1),
+        kv_usage=float(stats.get("kv_usage", 0.0)),
+        block_size=stats.get("block_size") if stats.get("hash_algo", "sha256") == "sha256" else None,
+        hash_seed=stats.get("hash_seed", DEFAULT_SEED),
+    )
+
+
+class KVRouter:
+    def __init__(self, *, directories: Mapping[tuple[str, str], PoolDirectory], index: Optional[PrefixIndex],
+                 weights: Mapping[str, float], decider: PDDecider, subscribe: bool = True,
+                 rng: Optional[random.Random] = None, clock: Callable[[], float] = time.monotonic):
+        # directories: (tier, pool) → the PoolDirectory of that deployment ("interactive", "prefill").
+        self._directories = dict(directories)
+        self._index = index
+        self._weights = dict(weights)
+        self._decider = decider
+        self._subscribe = subscribe and index is not None
+        self._rng = rng or random.Random()
+        self._clock = clock
+        self._in_flight: dict[str, int] = {}
+        self._subscribers: dict[str, KVEventSubscriber] = {}
+        self._last_sync = float("-inf")
+
+    # -- workers and their event streams ---------------------------------------------------
+
+    def workers(self, tier: str, pool: str) -> list[Worker]:
+        directory = self._directories.get((tier, pool))
+        if directory is None:
+            return []
+        deployment = f"{tier}-{pool}"
+        return [worker_from(r, tier, pool, deployment, self._in_flight.get(r.replica_id, 0))
+                for r in directory.replicas()]
+
+    async def _sync_subscribers(self) -> None:
+        """Follow the KV events of every live worker; forget the workers that left."""
+        now = self._clock()
+        if not self._subscribe or now - self._last_sync < SYNC_PERIOD_S:
+            return
+        self._last_sync = now
+        live: dict[str, tuple[str, Optional[str]]] = {}
+        for directory in self._directories.values():
+            for info in directory.replicas():
+                endpoint = info.stats.get("kv_events")
+                if endpoint and info.stats.get("worker_id"):
+                    live[info.stats["worker_id"]] = (endpoint, info.stats.get("kv_replay"))
+        for worker_id, (endpoint, replay) in live.items():
+            if worker_id not in self._subscribers:
+                sub = KVEventSubscriber(worker_id, endpoint, replay, self._index,
+                                        on_event=lambda kind: metrics.KV_EVENTS.labels(kind=kind).inc())
+                sub.start()
+                self._subscribers[worker_id] = sub
+                log.info("following KV events of %s at %s", worker_id, endpoint)
+        for worker_id in [w for w in self._subscribers if w not in live]:
+            self._subscribers.pop(worker_id).stop()
+            try:
+                await asyncio.to_thread(self._index.remove_worker, worker_id)
+            except IndexUnavailable:
+                pass  # its entries stay until Redis returns; a gone worker is never a candidate
+            log.info("worker %s left; its prefix entries are removed", worker_id)
+
+    # -- the decision ------------------------------------------------------------------------
+
+    async def _matches(self, token_ids, workers: list[Worker]) -> tuple[dict[str, int], dict[str, int], bool]:
+        """(blocks of the prompt per worker, leading cached blocks per worker, index answered)."""
+        num_blocks: dict[str, int] = {}
+        layouts: dict[tuple[int, str], list[int]] = {}
+        for w in workers:
+            if w.block_size:
+                key = (w.block_size, w.hash_seed or DEFAULT_SEED)
+                if key not in layouts:
+                    layouts[key] = BlockHasher(*key).hashes(token_ids)
+                num_blocks[w.worker_id] = len(layouts[key])
+        if self._index is None or not layouts:
+            return num_blocks, {}, self._index is not None
+        matches: dict[str, int] = {}
+        try:
+            for key, hashes in layouts.items():
+                if not hashes:
+                    continue
+                found = await asyncio.wait_for(asyncio.to_thread(self._index.match, hashes), INDEX_TIMEOUT_S)
+                same_layout = {w.worker_id for w in workers if (w.block_size, w.hash_seed or DEFAULT_SEED) == key}
+                matches.update({w: n for w, n in found.items() if w in same_layout})
+        except (IndexUnavailable, asyncio.TimeoutError) as exc:
+            metrics.INDEX_ERRORS.inc()
+            log.debug("prefix index unavailable (%s); routing on load", exc)
+            return num_blocks, {}, False
+        return num_blocks, matches, True
+
+    async def route(self, request: EngineRequest, tier: str) -> RouteDecision:
+        started = time.perf_counter()
+        await self._sync_subscribers()
+        decode_workers = self.workers(tier, "decode")
+        prefill_workers = self.workers(tier, "prefill")
+        num_blocks, matches, index_ok = await self._matches(request.prompt_token_ids, decode_workers + prefill_workers)
+        ctx = RouteContext(tier=tier, prompt_tokens=len(request.prompt_token_ids),
+                           num_blocks=num_blocks, matches=matches)
+        decode = pick(decode_workers, ctx, self._weights, self._rng)
+        decode_hit = _hit_tokens(decode, ctx)
+        skip = decode is not None and self._decider.skip_prefill(ctx.prompt_tokens, decode_hit)
+        prefill = None if skip else pick(prefill_workers, ctx, self._weights, self._rng)
+        hit = decode_hit if skip else _hit_tokens(prefill, ctx)
+        if not index_ok:
+            reason = "index_unavailable"
+        elif (decode if skip else prefill) is None:
+            reason = "no_workers"
+        else:
+            reason = "prefix_hit" if hit > 0 else "load"
+        decision = RouteDecision(prefill=prefill, decode=decode, skip_prefill=skip, reason=reason,
+                                 predicted_hit_tokens=hit)
+        path = "decode_only" if skip else "disaggregated"
+        metrics.DECISIONS.labels(tier=tier, path=path, reason=reason).inc()
+        metrics.PREDICTED_HIT_TOKENS.labels(tier=tier, pool="decode" if skip else "prefill").inc(hit)
+        metrics.PROMPT_TOKENS.labels(tier=tier).inc(ctx.prompt_tokens)
+        metrics.DECISION_SECONDS.observe(time.perf_counter() - started)
+        return decision
+
+    @contextlib.contextmanager
+    def dispatch(self, chosen: Optional[Pick], request_id: str) -> Iterator[None]:
+        """Send the next call for `request_id` to the chosen replica, counted in flight."""
+        if chosen is None:
+            yield
+            return
+        worker = chosen.worker
+        directory = self._directories[(worker.tier, worker.pool)]
+        directory.pin(request_id, worker.replica_id)
+        self._in_flight[worker.replica_id] = self._in_flight.get(worker.replica_id, 0) + 1
+        try:
+            yield
+        finally:
+            directory.unpin(request_id)
+            left = self._in_flight.get(worker.replica_id, 1) - 1
+            if left > 0:
+                self._in_flight[worker.replica_id] = left
+            else:
+                self._in_flight.pop(worker.replica_id, None)
+
+    def close(self) -> None:
+        for sub in self._subscribers.values():
+            sub.stop()
+        self._subscribers.clear()
+        if self._index is not None:
+            self._index.close()
+
+
+def _hit_tokens(chosen: Optional[Pick], ctx: RouteContext) -> int:
+    if chosen is None or not chosen.worker.block_size:
+        return 0
+    return ctx.matches.get(chosen.worker.worker_id, 0) * chosen.worker.block_size

@@ -1,0 +1,120 @@
+"""PrefixIndex (in-process backend) and the KV-event subscriber: apply/match with synthetic
+events, eviction, worker removal, sequence gaps repaired by replay or by a reset."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from router.kv_events import KVEventSubscriber, decode_batch
+from router.prefix_index import AllBlocksCleared, BlockRemoved, BlockStored, MemoryPrefixIndex
+from tests.fakes import FakeKVEventPublisher, removed, stored
+
+
+def check_index_semantics(index) -> None:
+    """The behaviour every backend must have (the Redis suite runs it too)."""
+    index.apply([BlockStored("a", (1, 2, 3)), BlockStored("b", (1, 2)), BlockStored("c", (1, 3))])
+    assert index.match([1, 2, 3, 4]) == {"a": 3, "b": 2, "c": 1}  # c has a hole at block 2
+    assert index.match([9, 1, 2]) == {}  # a prefix cache only reuses an unbroken prefix
+    assert index.match([]) == {}
+    index.apply([BlockRemoved("a", (2,))])  # eviction
+    assert index.match([1, 2, 3]) == {"a": 1, "b": 2, "c": 1}
+    index.apply([AllBlocksCleared("b")])
+    assert index.match([1, 2, 3]) == {"a": 1, "c": 1}
+    index.remove_worker("a")
+    assert index.match([1, 2, 3]) == {"c": 1}
+    index.apply([BlockStored("c", (2,)), BlockRemoved("c", (99,))])  # removing unknown: no-op
+    assert index.match([1, 2, 3]) == {"c": 3}
+
+
+def test_memory_index_apply_match_evict_remove():
+    check_index_semantics(MemoryPrefixIndex())
+
+
+def test_memory_index_forgets_blocks_nobody_holds():
+    index = MemoryPrefixIndex()
+    index.apply([BlockStored("a", (1, 2)), BlockStored("b", (2,))])
+    index.remove_worker("a")
+    index.apply([BlockRemoved("b", (2,))])
+    assert index.num_blocks() == 0
+
+
+def test_decode_batch_reads_vllm_wire_format():
+    import msgspec
+
+    payload = msgspec.msgpack.encode([1.0, [stored(1, 2), removed(2), {"type": "AllBlocksCleared"}], None])
+    assert decode_batch("w", payload) == [BlockStored("w", (1, 2)), BlockRemoved("w", (2,)), AllBlocksCleared("w")]
+    # Byte hashes (VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=0) land on the same integers.
+    raw = (5).to_bytes(32, "big")
+    payload = msgspec.msgpack.encode([1.0, [stored(raw)], None])
+    assert decode_batch("w", payload) == [BlockStored("w", (5,))]
+
+
+def wait_for(predicate, timeout_s: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        if time.monotonic() > deadline:
+            pytest.fail("condition not reached")
+        time.sleep(0.02)
+
+
+@pytest.fixture
+def stream():
+    """A fake publisher, a memory index and a subscriber that has joined the stream."""
+    pub = FakeKVEventPublisher()
+    index = MemoryPrefixIndex()
+    kinds: list[str] = []
+    sub = KVEventSubscriber("w", pub.endpoint, pub.replay_endpoint, index, on_event=kinds.append)
+    index.apply([BlockStored("w", (777,))])  # stale entry from an earlier life of the index
+    sub.start()
+    while "batch" not in kinds:  # ZMQ drops what is sent before the SUB has connected
+        pub.publish([])
+        time.sleep(0.02)
+    yield pub, index, kinds
+    sub.stop()
+    pub.close()
+
+
+def test_subscriber_joining_resets_stale_entries(stream):
+    pub, index, kinds = stream
+    assert index.match([777]) == {}
+
+
+def test_subscriber_applies_in_order(stream):
+    pub, index, kinds = stream
+    pub.publish([stored(1, 2)])
+    pub.publish([stored(3), removed(2)])
+    wait_for(lambda: index.match([1]) == {"w": 1} and index.match([3]) == {"w": 1})
+    assert index.match([1, 2]) == {"w": 1}
+
+
+def test_subscriber_repairs_a_gap_by_replay(stream):
+    pub, index, kinds = stream
+    pub.publish([stored(1)])
+    pub.publish([stored(2)], drop=True)  # lost on the wire, still in the replay buffer
+    pub.publish([stored(3)])
+    wait_for(lambda: index.match([3]) == {"w": 1})
+    assert index.match([1]) == {"w": 1} and index.match([2]) == {"w": 1}
+    assert "gap" in kinds and "replayed" in kinds and "reset" not in kinds
+
+
+def test_subscriber_resets_worker_when_gap_cannot_be_replayed(stream):
+    pub, index, kinds = stream
+    pub.publish([stored(1)])
+    wait_for(lambda: index.match([1]) == {"w": 1})
+    pub.publish([removed(1)], drop=True)  # lost, and gone from the buffer too
+    pub.forget()
+    pub.publish([stored(5)])
+    wait_for(lambda: index.match([5]) == {"w": 1})
+    assert index.match([1]) == {}  # the stale block is not trusted any more
+    assert "reset" in kinds
+
+
+def test_subscriber_stops():
+    pub = FakeKVEventPublisher()
+    sub = KVEventSubscriber("w", pub.endpoint, None, MemoryPrefixIndex())
+    sub.start()
+    sub.stop()
+    sub.stop()  # idempotent
+    pub.close()

@@ -1,0 +1,113 @@
+"""The Redis PrefixIndex against a real redis-server (started here on a free port): the same
+semantics as the in-process index, and Redis going away mid-run: routing falls back to load
+only without an error, and recovers when Redis is back."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import socket
+import subprocess
+import time
+
+import pytest
+import redis
+
+from router.hashing import BlockHasher
+from router.kv_events import KVEventSubscriber
+from router.prefix_index import BlockStored, IndexUnavailable, make_index
+from tests.fakes import FakeKVEventPublisher, stored
+from tests.unit.test_prefix_index import check_index_semantics, wait_for
+from tests.unit.test_routing import PROMPT, kv_router, request
+
+
+class RedisServer:
+    """A throwaway redis-server (no persistence) that a test can stop and start again."""
+
+    def __init__(self) -> None:
+        binary = shutil.which("redis-server")
+        if binary is None:
+            pytest.fail("redis-server is not installed: run `make test` (it installs Debian's redis-server)")
+        self.binary = binary
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        self.url = f"redis://127.0.0.1:{self.port}/0"
+        self.proc = None
+
+    def start(self) -> None:
+        self.proc = subprocess.Popen(
+            [self.binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        client = redis.Redis.from_url(self.url)
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                client.ping()
+                return
+            except redis.ConnectionError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.05)
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            self.proc.terminate()
+            self.proc.wait(timeout=10)
+            self.proc = None
+
+
+@pytest.fixture
+def redis_server():
+    server = RedisServer()
+    server.start()
+    yield server
+    server.stop()
+
+
+def test_redis_index_has_the_same_semantics(redis_server):
+    check_index_semantics(make_index("redis", redis_url=redis_server.url, prefix="t1:"))
+
+
+def test_two_gateways_share_one_redis_index(redis_server):
+    writer = make_index("redis", redis_url=redis_server.url, prefix="t2:")
+    reader = make_index("redis", redis_url=redis_server.url, prefix="t2:")
+    writer.apply([BlockStored("w", (1, 2))])
+    assert reader.match([1, 2]) == {"w": 2}
+
+
+def test_redis_going_away_falls_back_to_load_and_recovers(redis_server):
+    index = make_index("redis", redis_url=redis_server.url, prefix="t3:")
+    router = kv_router(index)
+    hashes = tuple(BlockHasher(4).hashes(PROMPT))
+    pub = FakeKVEventPublisher()
+    kinds: list[str] = []
+    sub = KVEventSubscriber("interactive-prefill-p2", pub.endpoint, pub.replay_endpoint, index, on_event=kinds.append)
+    sub.start()
+    try:
+        while "batch" not in kinds:
+            pub.publish([])
+            time.sleep(0.02)
+        pub.publish([stored(*hashes)])
+        wait_for(lambda: index.match(hashes) == {"interactive-prefill-p2": 10})
+        decision = asyncio.run(router.route(request(PROMPT), "interactive"))
+        assert decision.reason == "prefix_hit" and decision.prefill.worker.replica_id == "p2"
+
+        redis_server.stop()
+        with pytest.raises(IndexUnavailable):
+            index.match(hashes)
+        for i in range(3):  # every request still gets a route, on load alone
+            decision = asyncio.run(router.route(request(PROMPT, f"down{i}"), "interactive"))
+            assert decision.reason == "index_unavailable"
+            assert decision.prefill is not None and decision.decode is not None
+        pub.publish([stored(99)])  # events while Redis is down cannot be stored...
+        wait_for(lambda: "index_down" in kinds)
+
+        redis_server.start()  # ...back, empty (no persistence): rebuilt from new events
+        pub.publish([stored(*hashes[:4])])
+        wait_for(lambda: index.match(hashes) == {"interactive-prefill-p2": 4})
+        decision = asyncio.run(router.route(request(PROMPT, "back"), "interactive"))
+        assert decision.reason == "prefix_hit" and decision.predicted_hit_tokens == 16
+    finally:
+        sub.stop()
+        pub.close()

@@ -1,7 +1,7 @@
 # Two commands set everything up on a fresh machine: `make run` and `make test`.
 VENV := .venv
 
-.PHONY: run test stop setup unit redis
+.PHONY: run test stop setup unit loadtest redis
 
 setup:
 	bash cluster/bootstrap.sh
@@ -22,3 +22,9 @@ test: setup redis
 
 unit: setup redis
 	$(VENV)/bin/python -m pytest -ra tests/unit
+
+# Load test a running cluster (`make run` in another shell); exits non-zero when the SLO is missed.
+HOST ?= http://127.0.0.1:8000
+SLO ?= loadtest/slo/cpu-tiny.yaml
+loadtest:
+	$(VENV)/bin/python -m loadtest --host $(HOST) --slo $(SLO) $(LOADTEST_ARGS)

@@ -5,7 +5,8 @@ from __future__ import annotations
 from ray.serve import Application
 from ray.serve.config import RequestRouterConfig
 
-from cluster.config import ClusterConfig, PoolConfig
+from cluster.autoscaling.serve_policy import serve_autoscaling_config
+from cluster.config import ClusterConfig, PoolConfig, SLOConfig
 from cluster.protocol import TierPools
 
 APP_NAME = "tandem"
@@ -21,8 +22,8 @@ def _actor_options(pool: PoolConfig) -> dict:
     return options
 
 
-def _pool_options(pool: PoolConfig) -> dict:
-    return {
+def _pool_options(pool: PoolConfig, role: str, slo: SLOConfig) -> dict:
+    options = {
         "num_replicas": pool.replicas,
         "ray_actor_options": _actor_options(pool),
         # vLLM's engine start takes tens of seconds on CPU; don't let Serve give up early.
@@ -37,6 +38,11 @@ def _pool_options(pool: PoolConfig) -> dict:
             request_routing_stats_period_s=1.0,
         ),
     }
+    if pool.autoscaling is not None:
+        # Serve takes a fixed count or an autoscaling config, not both (cluster/autoscaling/).
+        del options["num_replicas"]
+        options["autoscaling_config"] = serve_autoscaling_config(role, pool, slo)
+    return options
 
 
 def build_app(cfg: ClusterConfig) -> Application:
@@ -47,12 +53,14 @@ def build_app(cfg: ClusterConfig) -> Application:
 
     pools = {
         tier: TierPools(
-            prefill=PrefillWorker.options(name=deployment_name(tier, "prefill"), **_pool_options(t.prefill)).bind(cfg, tier),
-            decode=DecodeWorker.options(name=deployment_name(tier, "decode"), **_pool_options(t.decode)).bind(cfg, tier),
+            prefill=PrefillWorker.options(name=deployment_name(tier, "prefill"), **_pool_options(t.prefill, "prefill", t.slo)).bind(cfg, tier),
+            decode=DecodeWorker.options(name=deployment_name(tier, "decode"), **_pool_options(t.decode, "decode", t.slo)).bind(cfg, tier),
         )
         for tier, t in cfg.tiers.items()
     }
-    return Gateway.options(max_ongoing_requests=1000).bind(cfg, pools)
+    # Room for every tier's admitted and queued requests (router/admission.py), plus probes.
+    admitted = sum(t.admission.max_running + t.admission.max_queued for t in cfg.tiers.values())
+    return Gateway.options(max_ongoing_requests=max(1000, admitted + 100)).bind(cfg, pools)
 
 
 def deployment_name(tier: str, pool: str) -> str:

@@ -7,6 +7,7 @@ config works from any working directory.
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 from typing import Literal, Optional
@@ -57,6 +58,38 @@ class PlacementConfig(_Strict):
     node_labels: dict[str, str] = {}
 
 
+class AutoscalingConfig(_Strict):
+    """Autoscaling of one pool (cluster/autoscaling/). Prefill scales on queued prompt tokens
+    and TTFT against the tier's SLO; decode on running sequences, KV cache usage and
+    inter-token latency against the SLO. With it, the pool's `replicas` is the initial count."""
+
+    min_replicas: int = Field(1, ge=1, description="At least 1: /health needs every pool, and a vLLM cold start takes tens of seconds.")
+    max_replicas: int = Field(2, ge=1)
+    # Pressure must last this long before a scale-up; idleness this long before a scale-down.
+    upscale_delay_s: float = Field(10.0, ge=0)
+    downscale_delay_s: float = Field(120.0, ge=0)
+    # After any change, hold: a new engine needs time to start and the signals to settle.
+    cooldown_s: float = Field(30.0, ge=0)
+    # Hysteresis: scale down only when the load would fill less than this share of one
+    # replica fewer (scale-up happens above 1.0), so steady load never flips back and forth.
+    scale_down_below: float = Field(0.5, gt=0, lt=1)
+    # Per-replica targets. Prefill reads the first; decode the other two.
+    target_queued_prompt_tokens: int = Field(4096, ge=1)
+    target_running_seqs: Optional[int] = Field(None, ge=1, description="Default: 3/4 of engine.max_num_seqs.")
+    target_kv_usage: float = Field(0.8, gt=0, le=1)
+    # Ray Serve's metric window and push period (seconds).
+    look_back_s: float = Field(10.0, gt=0)
+    metrics_interval_s: float = Field(2.0, gt=0)
+    # Append each tick's observation and decision here as JSON lines (tuning, replay tests).
+    decision_log: Optional[Path] = None
+
+    @model_validator(mode="after")
+    def _check_bounds(self) -> "AutoscalingConfig":
+        if self.max_replicas < self.min_replicas:
+            raise ValueError(f"max_replicas ({self.max_replicas}) must be >= min_replicas ({self.min_replicas})")
+        return self
+
+
 class PoolConfig(_Strict):
     replicas: int = Field(1, ge=0)
     num_cpus: float = Field(1.0, ge=0)
@@ -66,7 +99,25 @@ class PoolConfig(_Strict):
     # slower, so each replica gets its own. Ignored on GPU.
     cpu_binding: tuple[str, ...] = ()
     engine: EngineConfig = EngineConfig()
+    autoscaling: Optional[AutoscalingConfig] = None  # None: a fixed `replicas`
     placement: PlacementConfig = PlacementConfig()
+
+
+class SLOConfig(_Strict):
+    """Latency objectives of a tier; the autoscaling policies scale against them."""
+
+    ttft_s: float = Field(1.0, gt=0, description="Time to first token.")
+    itl_s: float = Field(0.1, gt=0, description="Inter-token latency.")
+
+
+class AdmissionConfig(_Strict):
+    """Admission control of a tier at the gateway (router/admission.py). Each tier has its own
+    bounds, so batch load never takes interactive's places."""
+
+    max_running: int = Field(64, ge=1, description="Requests of this tier in the pools at once.")
+    max_queued: int = Field(256, ge=0, description="Requests waiting for a running place; beyond: 429.")
+    queue_timeout_s: float = Field(30.0, gt=0, description="Longest wait in the queue; then 429.")
+    retry_after_s: int = Field(1, ge=0, description="Retry-After sent with a 429.")
 
 
 class TierConfig(_Strict):
@@ -74,6 +125,8 @@ class TierConfig(_Strict):
 
     prefill: PoolConfig = PoolConfig(cpu_binding=("0",))
     decode: PoolConfig = PoolConfig(cpu_binding=("1",))
+    slo: SLOConfig = SLOConfig()
+    admission: AdmissionConfig = AdmissionConfig()
 
     def pools(self) -> dict[str, PoolConfig]:
         return {"prefill": self.prefill, "decode": self.decode}
@@ -142,6 +195,54 @@ class RoutingConfig(_Strict):
         return self
 
 
+class ApiKeySource(_Strict):
+    """One API key and its tenant. Exactly one source: `env` (a variable's name) or `file` (a
+    file holding the key) for real deployments; `value` (plaintext in the YAML) only for local
+    runs and tests."""
+
+    tenant: str
+    env: Optional[str] = None
+    file: Optional[Path] = None
+    value: Optional[SecretStr] = None
+
+    @model_validator(mode="after")
+    def _one_source(self) -> "ApiKeySource":
+        if sum(x is not None for x in (self.env, self.file, self.value)) != 1:
+            raise ValueError(f"key of tenant {self.tenant!r}: give exactly one of env, file, value")
+        return self
+
+    def resolve(self) -> str:
+        """The key itself; errors name the source, never the key."""
+        if self.value is not None:
+            key = self.value.get_secret_value()
+        elif self.env is not None:
+            key = os.environ.get(self.env, "")
+            if not key:
+                raise ValueError(f"API key of tenant {self.tenant!r}: environment variable {self.env} is not set")
+        else:
+            try:
+                key = Path(self.file).read_text().strip()
+            except OSError as exc:
+                raise ValueError(f"API key of tenant {self.tenant!r}: cannot read {self.file}: {exc.strerror}") from None
+        if len(key) < 8:
+            raise ValueError(f"API key of tenant {self.tenant!r} is shorter than 8 characters")
+        return key
+
+
+class TenantConfig(_Strict):
+    tier: str = Field(description="The tier of this tenant's requests.")
+    # Tiers the tenant may pick per request with the tier header (its own tier always).
+    allowed_tiers: tuple[str, ...] = ()
+
+
+class AuthConfig(_Strict):
+    """API keys: key → tenant → tier (router/auth.py). No keys: the API is open (local runs)."""
+
+    tenants: dict[str, TenantConfig] = {}
+    keys: tuple[ApiKeySource, ...] = ()
+    tier_header: str = "X-Tandem-Tier"
+
+
 class RayConfig(_Strict):
     address: Optional[str] = Field(None, description="Existing cluster; None starts a local one.")
     num_cpus: Optional[int] = Field(None, ge=1)
@@ -156,6 +257,7 @@ class ClusterConfig(_Strict):
     default_tier: Optional[str] = None
     kv_transfer: KVTransferConfig = KVTransferConfig()
     ray: RayConfig = RayConfig()
+    auth: AuthConfig = AuthConfig()
     routing: RoutingConfig = RoutingConfig()
 
     @model_validator(mode="before")
@@ -183,7 +285,23 @@ class ClusterConfig(_Strict):
                         f"tiers.{tier}.{role}.engine.max_num_batched_tokens ({batched}) "
                         f"must be >= model.max_model_len ({self.model.max_model_len})"
                     )
+                scaling = pool.autoscaling
+                if scaling is not None and not scaling.min_replicas <= pool.replicas <= scaling.max_replicas:
+                    raise ValueError(
+                        f"tiers.{tier}.{role}.replicas ({pool.replicas}) is the initial count and must lie "
+                        f"within autoscaling min_replicas..max_replicas ({scaling.min_replicas}..{scaling.max_replicas})"
+                    )
+        self._check_auth()
         return self
+
+    def _check_auth(self) -> None:
+        for name, tenant in self.auth.tenants.items():
+            for tier in (tenant.tier, *tenant.allowed_tiers):
+                if tier not in self.tiers:
+                    raise ValueError(f"auth.tenants.{name}: unknown tier {tier!r}; tiers are {sorted(self.tiers)}")
+        for source in self.auth.keys:
+            if source.tenant not in self.auth.tenants:
+                raise ValueError(f"auth.keys: unknown tenant {source.tenant!r}; add it under auth.tenants")
 
     @classmethod
     def load(cls, path: str | Path, overrides: Optional[dict] = None) -> "ClusterConfig":

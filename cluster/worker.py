@@ -11,6 +11,7 @@ from __future__ import annotations
 import socket
 from typing import Optional
 
+from cluster.autoscaling.signals import ReplicaSignals
 from cluster.config import ClusterConfig
 from cluster.engine import EngineSpec, EngineStats, KVEventsEndpoint, VLLMEngine
 from kv_transfer.nixl import KVRole, NixlEndpoint, free_port
@@ -73,6 +74,27 @@ class EngineReplica:
     """Base of the prefill and decode deployments: owns one engine for the replica's life."""
 
     engine: VLLMEngine
+    _signals: Optional[ReplicaSignals] = None
+
+    @property
+    def signals(self) -> ReplicaSignals:
+        """This replica's autoscaling signals, made on first use (subclasses own __init__)."""
+        if self._signals is None:
+            self._signals = ReplicaSignals()
+        return self._signals
+
+    async def record_autoscaling_stats(self) -> dict[str, float]:
+        """Ray Serve's hook: called every record period when the pool autoscales."""
+        return self.signals.sample()
+
+    def describe(self) -> dict:
+        """Who this replica is: its engine id, NIXL side-channel port and CPU cores."""
+        spec = self.engine.spec
+        return {
+            "worker_id": spec.worker_id,
+            "nixl_port": spec.nixl.port if spec.nixl else None,
+            "cpu_binding": spec.cpu_binding,
+        }
 
     def record_routing_stats(self) -> dict:
         """Ray Serve's hook (every request_routing_stats_period_s), delivered to the gateway's

@@ -17,4 +17,5 @@ class PrefillWorker(EngineReplica):
         self.engine = VLLMEngine(build_engine_spec(cfg, tier, "kv_producer"))
 
     async def prefill(self, request: EngineRequest) -> PrefillResult:
-        return await self.engine.prefill(request)
+        with self.signals.pending_prompt(len(request.prompt_token_ids)):  # autoscaling signal
+            return await self.engine.prefill(request)

@@ -10,6 +10,8 @@ from ray import serve
 
 from cluster.config import ClusterConfig
 from cluster.protocol import TierPools
+from router.admission import AdmissionControl
+from router.auth import ApiKeyAuth
 from router.disagg import DisaggregatedBackend
 from router.openai.app import build_openai_app
 from router.openai.tokenizer import PromptTokenizer
@@ -30,9 +32,17 @@ class Gateway:
             prefill_timeout_s=cfg.kv_transfer.prefill_timeout_s,
             router=build_kv_router(cfg),
         )
+        # API key → tenant → tier; warns at start-up when the API is open (no keys).
+        self.auth = ApiKeyAuth.from_config(cfg)
+        # Bounded queue per tier in front of the pools: 429 with Retry-After beyond it.
+        self.admission = AdmissionControl(
+            self.backend, {tier: t.admission for tier, t in cfg.tiers.items()}, cfg.default_tier
+        )
 
     def __serve_build_asgi_app__(self):
-        app = build_openai_app(self.backend, max_body_bytes=self.cfg.gateway.max_body_bytes)
+        app = build_openai_app(
+            self.admission, max_body_bytes=self.cfg.gateway.max_body_bytes, authenticate=self.auth.tier_of
+        )
 
         @app.get("/metrics", include_in_schema=False)
         def metrics() -> Response:

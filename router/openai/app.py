@@ -11,7 +11,7 @@ import json
 import logging
 import time
 import uuid
-from typing import Any, Optional, Union
+from typing import Any, Callable, Mapping, Optional, Union
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
@@ -108,7 +108,17 @@ async def read_json_body(request: Request, limit: int) -> Any:
         raise malformed_json() from None
 
 
-def build_openai_app(backend: OpenAIBackend, *, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> FastAPI:
+# The auth hook: request headers → the request's tier (None: the default tier). It raises an
+# OpenAIError (401/403/400) to refuse; it runs first on /v1/* (router/auth.py is the real one).
+Authenticate = Callable[[Mapping[str, str]], Optional[str]]
+
+
+def build_openai_app(
+    backend: OpenAIBackend,
+    *,
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    authenticate: Optional[Authenticate] = None,
+) -> FastAPI:
     """The OpenAI-compatible app for one backend. No globals: build as many as you like."""
     app = FastAPI(title="tandem OpenAI edge", docs_url=None, redoc_url=None, openapi_url=None)
     app.add_middleware(RequestIdMiddleware)
@@ -124,12 +134,17 @@ def build_openai_app(backend: OpenAIBackend, *, max_body_bytes: int = DEFAULT_MA
             "max_model_len": backend.max_model_len,
         }
 
+    def tier_of(request: Request) -> Optional[str]:
+        return authenticate(request.headers) if authenticate is not None else None
+
     @app.get("/v1/models")
-    async def list_models() -> dict[str, Any]:
+    async def list_models(request: Request) -> dict[str, Any]:
+        tier_of(request)
         return {"object": "list", "data": [model_card()]}
 
     @app.get("/v1/models/{model:path}")
-    async def get_model(model: str) -> dict[str, Any]:
+    async def get_model(model: str, request: Request) -> dict[str, Any]:
+        tier_of(request)
         if model != backend.model_id:
             raise not_found(model)
         return model_card()
@@ -196,6 +211,7 @@ def build_openai_app(backend: OpenAIBackend, *, max_body_bytes: int = DEFAULT_MA
 
     async def _serve(request: Request, chat: bool) -> Response:
         edge_id = request_id_of(request) or ""
+        tier = tier_of(request)
         try:
             body = await read_json_body(request, max_body_bytes)
         except ClientDisconnect:
@@ -206,7 +222,7 @@ def build_openai_app(backend: OpenAIBackend, *, max_body_bytes: int = DEFAULT_MA
         prompt_ids = tokenize(req)
         sampling = sampling_of(req, len(prompt_ids))
         engine_id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
-        engine_request = EngineRequest(engine_id, tuple(prompt_ids), sampling)
+        engine_request = EngineRequest(engine_id, tuple(prompt_ids), sampling, tier=tier)
         logger.debug("request %s -> %s, %d prompt tokens", edge_id, engine_id, len(prompt_ids))
         ctx = ResponseContext(
             id=engine_id,

@@ -10,6 +10,8 @@ from router.prefix_index.base import AllBlocksCleared, BlockRemoved, BlockStored
 
 
 class MemoryPrefixIndex:
+    in_process = True  # match() is cheap enough to call on the event loop
+
     def __init__(self) -> None:
         self._holders: dict[int, set[str]] = {}  # block hash → workers holding it
         self._blocks: dict[str, set[int]] = {}  # worker → its block hashes (for removal)

@@ -127,7 +127,10 @@ class KVRouter:
             for key, hashes in layouts.items():
                 if not hashes:
                     continue
-                found = await asyncio.wait_for(asyncio.to_thread(self._index.match, hashes), INDEX_TIMEOUT_S)
+                if getattr(self._index, "in_process", False):  # microseconds: no thread hop
+                    found = self._index.match(hashes)
+                else:  # a network round trip: off the event loop, bounded
+                    found = await asyncio.wait_for(asyncio.to_thread(self._index.match, hashes), INDEX_TIMEOUT_S)
                 same_layout = {w.worker_id for w in workers if (w.block_size, w.hash_seed or DEFAULT_SEED) == key}
                 matches.update({w: n for w, n in found.items() if w in same_layout})
         except (IndexUnavailable, asyncio.TimeoutError) as exc:

@@ -14,6 +14,14 @@ MODEL_NAME = "tiny-llama"
 MAX_MODEL_LEN = 512
 
 
+AUTOSCALING_DECISIONS = TEST_STATE / "autoscaling-decisions.jsonl"
+BATCH_PREFILL_AUTOSCALING = {
+    "min_replicas": 1, "max_replicas": 2, "target_queued_prompt_tokens": 256,
+    "upscale_delay_s": 2, "downscale_delay_s": 10, "cooldown_s": 5,
+    "look_back_s": 3, "metrics_interval_s": 0.5, "decision_log": str(AUTOSCALING_DECISIONS),
+}
+
+
 def integration_config(model_dir: Path):
     from cluster.config import ClusterConfig
 
@@ -29,6 +37,15 @@ def integration_config(model_dir: Path):
                     # (test_kv_router.py); half a CPU each so both fit beside decode.
                     "prefill": {"replicas": 2, "num_cpus": 0.5, "cpu_binding": ["0", "1"], "engine": engine},
                     "decode": {"replicas": 1, "num_cpus": 1, "cpu_binding": ["1"], "engine": engine},
+                },
+                # A small second tier (issue 4), chosen per request with the tier header. Its
+                # prefill pool autoscales 1..2 with short delays (test_tiers_autoscaling.py).
+                # num_cpus 0: the interactive engines hold all of Ray's CPUs; batch shares the cores.
+                "batch": {
+                    "prefill": {"replicas": 1, "num_cpus": 0, "cpu_binding": ["0", "1"], "engine": engine,
+                                "autoscaling": BATCH_PREFILL_AUTOSCALING},
+                    "decode": {"replicas": 1, "num_cpus": 0, "cpu_binding": ["1"], "engine": engine},
+                    "slo": {"ttft_s": 10, "itl_s": 1},
                 },
             },
             # Short, so the prefill-outage test falls back quickly.

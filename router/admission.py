@@ -1,0 +1,120 @@
+"""Admission control per tier: a bounded queue in front of the pools, 429 beyond it.
+
+`AdmissionControl(backend, limits, default_tier)` wraps any OpenAIBackend (the gateway wraps
+DisaggregatedBackend) and implements the same interface. Each tier has its own `TierGate`:
+at most `max_running` of its requests in the pools, at most `max_queued` waiting (FIFO) for
+a place, and a wait of at most `queue_timeout_s`. Past any bound the request gets 429 with
+Retry-After before any engine work. Tiers share nothing, so batch load never takes an
+interactive place or queue slot.
+
+Call order per request: `generate(request)` → the first `anext` waits for a place (or raises
+429) → chunks stream → the place is released when the stream ends, fails or is closed
+(client gone: the edge closes the iterator and calls `abort`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from typing import Any, AsyncIterator, Mapping
+
+from prometheus_client import Counter, Gauge
+
+from cluster.protocol import EngineRequest, TokenChunk
+from router.openai.errors import too_many_requests
+
+REJECTED = Counter("tandem_admission_rejected_total", "Requests refused with 429, by tier and why.", ["tier", "reason"])
+RUNNING = Gauge("tandem_admission_running", "Admitted requests in the pools, by tier.", ["tier"])
+QUEUED = Gauge("tandem_admission_queued", "Requests waiting for admission, by tier.", ["tier"])
+
+
+class TierGate:
+    """A FIFO gate: `max_running` places, `max_queued` waiting spots. Not thread-safe: one event loop."""
+
+    def __init__(self, tier: str, max_running: int, max_queued: int, queue_timeout_s: float, retry_after_s: int):
+        self.tier = tier
+        self.max_running = max_running
+        self.max_queued = max_queued
+        self.queue_timeout_s = queue_timeout_s
+        self.retry_after_s = retry_after_s
+        self.running = 0
+        self._waiters: deque[asyncio.Future[None]] = deque()
+
+    @property
+    def queued(self) -> int:
+        return len(self._waiters)
+
+    def _reject(self, reason: str, message: str):
+        REJECTED.labels(self.tier, reason).inc()
+        return too_many_requests(message, self.retry_after_s)
+
+    async def enter(self) -> None:
+        """Take a place, waiting in line if needed; raises 429 when the line is full or too slow."""
+        if self.running < self.max_running and not self._waiters:
+            self.running += 1
+            return
+        if len(self._waiters) >= self.max_queued:
+            raise self._reject("queue_full", f"The {self.tier} tier is at capacity ({self.max_running} running, "
+                                             f"{self.max_queued} queued); retry after {self.retry_after_s} s.")
+        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiters.append(waiter)
+        try:
+            await asyncio.wait_for(asyncio.shield(waiter), self.queue_timeout_s)
+        except BaseException as exc:
+            if waiter.done() and not waiter.cancelled():
+                self.leave()  # the place was handed to us as we gave up: pass it on
+            else:
+                waiter.cancel()
+                self._waiters.remove(waiter)
+            if isinstance(exc, asyncio.TimeoutError):
+                raise self._reject("queue_timeout", f"The {self.tier} tier's queue did not move within "
+                                                    f"{self.queue_timeout_s:g} s; retry after {self.retry_after_s} s.") from None
+            raise
+
+    def leave(self) -> None:
+        """Release a place: hand it straight to the first waiter, or free it."""
+        while self._waiters:
+            waiter = self._waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(None)  # the place moves; `running` stays
+                return
+        self.running -= 1
+
+
+class AdmissionControl:
+    """An OpenAIBackend that admits each request through its tier's gate."""
+
+    def __init__(self, backend: Any, limits: Mapping[str, Any], default_tier: str):
+        """`limits`: tier → AdmissionConfig (max_running, max_queued, queue_timeout_s, retry_after_s)."""
+        self.backend = backend
+        self.model_id = backend.model_id
+        self.max_model_len = backend.max_model_len
+        self.tokenizer = backend.tokenizer
+        self.default_tier = default_tier
+        self.gates = {
+            tier: TierGate(tier, a.max_running, a.max_queued, a.queue_timeout_s, a.retry_after_s)
+            for tier, a in limits.items()
+        }
+
+    async def generate(self, request: EngineRequest) -> AsyncIterator[TokenChunk]:
+        gate = self.gates[request.tier or self.default_tier]
+        QUEUED.labels(gate.tier).inc()
+        try:
+            await gate.enter()
+        finally:
+            QUEUED.labels(gate.tier).dec()
+        RUNNING.labels(gate.tier).inc()
+        try:
+            async for chunk in self.backend.generate(request):
+                yield chunk
+        finally:
+            gate.leave()
+            RUNNING.labels(gate.tier).dec()
+
+    async def abort(self, request_id: str) -> None:
+        await self.backend.abort(request_id)
+
+    async def health(self) -> dict[str, Any]:
+        info = dict(await self.backend.health())
+        info["admission"] = {t: {"running": g.running, "queued": g.queued} for t, g in self.gates.items()}
+        return info

@@ -1,0 +1,172 @@
+"""Tiers and autoscaling on the real session cluster (tests/integration/conftest.py): the tier
+header picks the batch tier's own pools, and load on batch-prefill scales it 1 → 2 → 1 through
+Ray Serve's custom autoscaling hook while every request succeeds.
+
+The figures (seconds from the load step to the new replica serving, errors while scaling up
+and down) go to .tandem/test/autoscaling-figures.json; the test asserts behaviour, not times.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import threading
+import time
+from collections import Counter
+
+import httpx
+import pytest
+
+from tests.conftest import TEST_STATE
+from tests.integration.conftest import AUTOSCALING_DECISIONS, MODEL_NAME, replica_stats
+
+pytestmark = pytest.mark.integration
+
+BATCH = {"X-Tandem-Tier": "batch"}
+POOL = "batch-prefill"
+
+
+def handle(deployment: str):
+    from ray import serve
+
+    return serve.get_deployment_handle(deployment, app_name="tandem")
+
+
+def running_replicas(deployment: str) -> int:
+    from ray import serve
+
+    status = serve.status().applications["tandem"].deployments[deployment]
+    return sum(n for state, n in status.replica_states.items() if getattr(state, "value", state) == "RUNNING")
+
+
+def prompt(rng: random.Random, n: int) -> list[int]:
+    """Token ids, random so no two prompts share a cached prefix."""
+    return [rng.randrange(5, 250) for _ in range(n)]
+
+
+def complete(client: httpx.Client, base_url: str, ids: list[int], headers: dict, max_tokens: int = 2) -> bool:
+    body = {"model": MODEL_NAME, "prompt": ids, "max_tokens": max_tokens, "ignore_eos": True}
+    try:
+        r = client.post(f"{base_url}/v1/completions", json=body, headers=headers, timeout=120)
+    except httpx.HTTPError:
+        return False
+    return r.status_code == 200 and r.json()["usage"]["completion_tokens"] == max_tokens
+
+
+def test_tier_header_selects_the_batch_tiers_pools(base_url):
+    rng = random.Random(1)
+    pools = {p: handle(p) for p in ("interactive-prefill", POOL)}
+
+    def computed() -> dict[str, float]:
+        # interactive-prefill has two replicas (conftest): sum them.
+        return {p: sum(s.prompt_tokens_computed for s in replica_stats(p, 2 if p.startswith("interactive") else 1).values())
+                for p in pools}
+
+    with httpx.Client() as client:
+        before = computed()
+        assert complete(client, base_url, prompt(rng, 40), BATCH)
+        mid = computed()
+        assert complete(client, base_url, prompt(rng, 40), {})
+        after = computed()
+    assert mid[POOL] - before[POOL] >= 40 and mid["interactive-prefill"] == before["interactive-prefill"]
+    assert after["interactive-prefill"] - mid["interactive-prefill"] >= 40 and after[POOL] == mid[POOL]
+
+
+class Load:
+    """Client threads sending batch requests until stopped; counts outcomes per phase."""
+
+    def __init__(self, base_url: str, clients: int, prompt_tokens: int):
+        self.base_url, self.prompt_tokens = base_url, prompt_tokens
+        self.outcomes: Counter = Counter()  # True: succeeded, False: failed
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._threads = [threading.Thread(target=self._run, args=(i,), daemon=True) for i in range(clients)]
+
+    def _run(self, seed: int) -> None:
+        rng = random.Random(seed)
+        with httpx.Client() as client:
+            while not self._stop.is_set():
+                ok = complete(client, self.base_url, prompt(rng, self.prompt_tokens), BATCH)
+                with self._lock:
+                    self.outcomes[ok] += 1
+
+    def __enter__(self) -> "Load":
+        for t in self._threads:
+            t.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        for t in self._threads:
+            t.join(timeout=180)
+
+
+def wait_for(what: str, condition, timeout_s: float, every_s: float = 0.5):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = condition()
+        if value:
+            return value
+        time.sleep(every_s)
+    raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what}")
+
+
+def test_load_scales_batch_prefill_up_and_back_down_with_no_failed_request(base_url):
+    prefill, decode = handle(POOL), handle("batch-decode")
+    assert running_replicas(POOL) == 1
+    first = prefill.describe.remote().result()
+    transferred_before = decode.stats.remote().result().prompt_tokens_transferred
+
+    def new_replica_serving():
+        # Serve picks a replica per call; keep asking until the new one answers.
+        for _ in range(20):
+            stats = prefill.stats.remote().result()
+            if stats.worker_id != first["worker_id"] and stats.prompt_tokens_computed > 0:
+                return stats
+        return None
+
+    def described(worker_id):
+        for _ in range(40):
+            info = prefill.describe.remote().result()
+            if info["worker_id"] == worker_id:
+                return info
+        return None
+
+    step, step_wall = time.monotonic(), time.time()
+    with Load(base_url, clients=10, prompt_tokens=440) as up:
+        wait_for("a second batch-prefill replica", lambda: running_replicas(POOL) == 2, 300)
+        running_at = time.monotonic()
+        new = wait_for("the new replica to serve prefills", new_replica_serving, 120)
+        serving_at = time.monotonic()
+    second = described(new.worker_id)
+    # Light traffic while it scales back down: in-flight requests on the leaving replica finish.
+    with Load(base_url, clients=1, prompt_tokens=16) as down:
+        wait_for("batch-prefill back at 1 replica", lambda: running_replicas(POOL) == 1, 240)
+        down_at = time.monotonic()
+        time.sleep(3)  # and on the remaining replica after the removal
+    transferred = decode.stats.remote().result().prompt_tokens_transferred - transferred_before
+
+    figures = {
+        "pool": POOL,
+        "seconds_load_step_to_second_replica_running": round(running_at - step, 1),
+        "seconds_load_step_to_new_replica_serving": round(serving_at - step, 1),
+        "seconds_load_stop_to_scaled_down": round(down_at - serving_at, 1),
+        "requests_ok_scale_up": up.outcomes[True], "requests_failed_scale_up": up.outcomes[False],
+        "requests_ok_scale_down": down.outcomes[True], "requests_failed_scale_down": down.outcomes[False],
+        "first_replica": first, "new_replica": second,
+        "decode_prompt_tokens_transferred": transferred,
+    }
+    TEST_STATE.mkdir(parents=True, exist_ok=True)
+    (TEST_STATE / "autoscaling-figures.json").write_text(json.dumps(figures, indent=2))
+
+    assert up.outcomes[False] == 0 and down.outcomes[False] == 0, figures
+    assert up.outcomes[True] > 0 and down.outcomes[True] > 0, figures
+    # The new replica is a full member: its own engine, NIXL side channel and core.
+    assert second is not None, figures
+    assert second["nixl_port"] != first["nixl_port"] and second["cpu_binding"] != first["cpu_binding"], figures
+    assert transferred > 0, figures  # decode pulled prompts over NIXL throughout
+    # The policy said why: a scale-up on queued prompt tokens, then a scale-down.
+    ticks = [json.loads(line) for line in AUTOSCALING_DECISIONS.read_text().splitlines()]
+    reasons = [t["decision"]["reason"] for t in ticks if t["deployment"] == POOL and t["observation"]["now"] >= step_wall]
+    assert any(r.startswith("scale up: queued prompt tokens") for r in reasons), reasons[-20:]
+    assert any(r.startswith("scale down:") for r in reasons), reasons[-20:]

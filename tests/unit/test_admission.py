@@ -1,0 +1,118 @@
+"""Admission control per tier (router/admission.py): bounded queues, 429 with Retry-After,
+and tiers that never share places. Real edge, fake engine side."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from fastapi.testclient import TestClient
+
+from cluster.config import AdmissionConfig
+from cluster.protocol import EngineRequest, SamplingSettings
+from router.admission import AdmissionControl, TierGate
+from router.openai.app import build_openai_app
+from router.openai.errors import OpenAIError
+from tests.fakes import FakeBackend
+from tests.unit.openai_helpers import MODEL, assert_openai_error
+
+LIMITS = {"interactive": AdmissionConfig(max_running=2, max_queued=1, queue_timeout_s=5, retry_after_s=3),
+          "batch": AdmissionConfig(max_running=1, max_queued=1, queue_timeout_s=5, retry_after_s=7)}
+
+
+def request(tier=None, rid="r"):
+    return EngineRequest(rid, (1, 2, 3), SamplingSettings(max_tokens=3), tier=tier)
+
+
+async def start(admission, req):
+    """Start a request's stream and wait until it has a place (its first chunk) or fails."""
+    it = admission.generate(req)
+    return it, await anext(it)
+
+
+def test_gate_is_fifo_and_hands_places_on():
+    async def main():
+        gate = TierGate("t", max_running=1, max_queued=2, queue_timeout_s=5, retry_after_s=1)
+        await gate.enter()
+        order = []
+
+        async def wait(name):
+            await gate.enter()
+            order.append(name)
+
+        a, b = asyncio.create_task(wait("a")), asyncio.create_task(wait("b"))
+        await asyncio.sleep(0)
+        assert gate.queued == 2
+        with pytest.raises(OpenAIError) as exc:
+            await gate.enter()
+        assert exc.value.status == 429 and exc.value.headers["Retry-After"] == "1"
+        gate.leave()
+        await a
+        gate.leave()
+        await b
+        assert order == ["a", "b"] and gate.running == 1
+        gate.leave()
+        assert gate.running == 0
+
+    asyncio.run(main())
+
+
+def test_queue_timeout_and_cancelled_waiters_leave_no_trace():
+    async def main():
+        gate = TierGate("t", max_running=1, max_queued=5, queue_timeout_s=0.05, retry_after_s=2)
+        await gate.enter()
+        with pytest.raises(OpenAIError) as exc:
+            await gate.enter()
+        assert exc.value.status == 429 and "did not move" in exc.value.message
+        waiter = asyncio.create_task(gate.enter())
+        await asyncio.sleep(0)
+        waiter.cancel()
+        await asyncio.gather(waiter, return_exceptions=True)
+        assert gate.queued == 0
+        gate.leave()
+        assert gate.running == 0
+
+    asyncio.run(main())
+
+
+def test_batch_load_never_degrades_interactive_admission():
+    async def main():
+        backend = FakeBackend(model_id=MODEL)
+        backend.hang_after = 1  # every stream holds its place until closed
+        admission = AdmissionControl(backend, LIMITS, default_tier="interactive")
+        held = [await start(admission, request("batch", "b0"))]
+        queued = asyncio.create_task(start(admission, request("batch", "b1")))
+        await asyncio.sleep(0)
+        with pytest.raises(OpenAIError) as exc:  # batch: 1 running + 1 queued → full
+            await start(admission, request("batch", "b2"))
+        assert exc.value.status == 429 and exc.value.headers["Retry-After"] == "7"
+        # interactive still gets both of its places at once, no queueing behind batch
+        for i in range(2):
+            held.append(await asyncio.wait_for(start(admission, request(None, f"i{i}")), 1))
+        assert admission.gates["interactive"].running == 2 and admission.gates["batch"].queued == 1
+        # closing the batch stream hands its place to the queued batch request
+        await held[0][0].aclose()
+        held.append(await asyncio.wait_for(queued, 1))
+        for it, _ in held[1:]:
+            await it.aclose()
+        assert {t: (g.running, g.queued) for t, g in admission.gates.items()} == {"interactive": (0, 0), "batch": (0, 0)}
+        assert (await admission.health())["admission"]["batch"] == {"running": 0, "queued": 0}
+
+    asyncio.run(main())
+
+
+def test_over_the_bound_is_429_with_retry_after_over_http():
+    backend = FakeBackend(model_id=MODEL)
+    admission = AdmissionControl(backend, {"interactive": AdmissionConfig(max_running=1, max_queued=0,
+                                                                          retry_after_s=4)}, "interactive")
+    client = TestClient(build_openai_app(admission), raise_server_exceptions=False)
+    gate = admission.gates["interactive"]
+    gate.running = 1  # a request in the pools takes the only place
+    body = {"model": MODEL, "prompt": "hello", "max_tokens": 3}
+    for stream in (False, True):
+        r = client.post("/v1/completions", json={**body, "stream": stream})
+        assert_openai_error(r, 429, code="rate_limit_exceeded", type_="rate_limit_error", contains="interactive")
+        assert r.headers["Retry-After"] == "4"
+    gate.running = 0
+    assert client.post("/v1/completions", json=body).status_code == 200
+    assert gate.running == 0  # released after the answer

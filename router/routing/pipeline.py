@@ -61,12 +61,14 @@ def pick(workers: Sequence[Worker], ctx: RouteContext, weights: Mapping[str, flo
     candidates = relaxed or candidates
     if not candidates:
         return None
-    best: list[Pick] = []
+    active = [(name, SCORERS[name], weight) for name, weight in weights.items() if weight > 0]
+    best: list[Worker] = []
+    best_total = float("-inf")
     for worker in candidates:
-        scores = {name: SCORERS[name](worker, ctx) for name, weight in weights.items() if weight > 0}
-        total = sum(weights[name] * s for name, s in scores.items())
-        if not best or total > best[0].score + 1e-12:
-            best = [Pick(worker, total, scores)]
-        elif abs(total - best[0].score) <= 1e-12:
-            best.append(Pick(worker, total, scores))
-    return rng.choice(best)
+        total = sum(weight * scorer(worker, ctx) for _, scorer, weight in active)
+        if total > best_total + 1e-12:
+            best, best_total = [worker], total
+        elif total >= best_total - 1e-12:
+            best.append(worker)
+    chosen = rng.choice(best)
+    return Pick(chosen, best_total, {name: scorer(chosen, ctx) for name, scorer, _ in active})

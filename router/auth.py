@@ -63,6 +63,10 @@ class ApiKeyAuth:
             for source in cfg.auth.keys
         }
         auth = cls(grants, tiers=tuple(cfg.tiers), default_tier=cfg.default_tier, tier_header=cfg.auth.tier_header)
+        for source in cfg.auth.keys:
+            if source.value is not None:
+                log.warning("API key of tenant %r is plaintext in the config; use env or file outside tests.",
+                            source.tenant)
         if auth.open:
             log.warning("No API keys configured (auth.keys): the API is OPEN to anyone who can reach it.")
         else:

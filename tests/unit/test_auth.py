@@ -129,3 +129,12 @@ def test_plaintext_key_is_masked_when_the_config_is_printed(tmp_path, monkeypatc
     cfg = config(tmp_path, monkeypatch, auth={"tenants": {"a": {"tier": "batch"}},
                                               "keys": [{"tenant": "a", "value": "sk-very-secret"}]})
     assert "sk-very-secret" not in cfg.model_dump_json() and "sk-very-secret" not in repr(cfg)
+
+
+def test_plaintext_key_works_but_warns(tmp_path, monkeypatch, caplog):
+    cfg = config(tmp_path, monkeypatch, auth={"tenants": {"a": {"tier": "batch"}},
+                                              "keys": [{"tenant": "a", "value": "sk-very-secret"}]})
+    with caplog.at_level(logging.WARNING, logger="router.auth"):
+        auth = ApiKeyAuth.from_config(cfg)
+    assert "plaintext" in caplog.text and "sk-very-secret" not in caplog.text
+    assert auth.tier_of({"authorization": "Bearer sk-very-secret"}) == "batch"

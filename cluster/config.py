@@ -27,10 +27,30 @@ class ModelConfig(_Strict):
     name: Optional[str] = Field(None, description="Model id served on /v1/models; folder name if unset.")
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "bfloat16"
     max_model_len: int = Field(2048, ge=16)
+    # vLLM tool parser for `tools` (e.g. hermes, llama3_json, mistral, pythonic); the gateway
+    # checks the name at start. None: requests that may call tools get a 400.
+    tool_parser: Optional[str] = Field(None, pattern=r"^[A-Za-z0-9_.-]+$")
 
     @property
     def served_name(self) -> str:
         return self.name or self.path.name
+
+
+class SpeculativeConfig(_Strict):
+    """Speculative decoding of a decode pool. `ngram` (prompt lookup) needs no draft model:
+    it proposes the tokens that followed the last n-gram where it occurred before."""
+
+    method: Literal["ngram"] = "ngram"
+    num_speculative_tokens: int = Field(3, ge=1, le=16)
+    prompt_lookup_min: int = Field(1, ge=1)
+    prompt_lookup_max: int = Field(3, ge=1)
+
+    @model_validator(mode="after")
+    def _check_window(self) -> "SpeculativeConfig":
+        if self.prompt_lookup_min > self.prompt_lookup_max:
+            raise ValueError(f"speculative.prompt_lookup_min ({self.prompt_lookup_min}) must be <= "
+                             f"speculative.prompt_lookup_max ({self.prompt_lookup_max})")
+        return self
 
 
 class EngineConfig(_Strict):
@@ -38,11 +58,31 @@ class EngineConfig(_Strict):
     otherwise claims a large share of RAM."""
 
     kv_cache_bytes: int = Field(256 * MiB, ge=16 * MiB)
+    kv_cache_dtype: Literal["auto", "fp8", "fp8_e4m3", "fp8_e5m2", "bfloat16"] = "auto"
     max_num_seqs: int = Field(32, ge=1)
     max_num_batched_tokens: Optional[int] = Field(None, ge=16)
+    # None: vLLM's default. True lets max_num_batched_tokens be below model.max_model_len.
+    enable_chunked_prefill: Optional[bool] = None
     enable_prefix_caching: bool = True
     enforce_eager: bool = True
     block_size: Optional[int] = Field(None, ge=1)
+    quantization: Optional[str] = Field(None, description="vLLM method (fp8, awq, gptq, ...); None: as the checkpoint says.")
+    tensor_parallel_size: int = Field(1, ge=1)
+    speculative: Optional[SpeculativeConfig] = None
+    # Structured output (response_format, regex, choice, tool_choice=required): vLLM's
+    # backend, and compact JSON without free whitespace (xgrammar/guidance only).
+    structured_outputs_backend: Literal["auto", "xgrammar", "guidance", "outlines"] = "auto"
+    json_disable_whitespace: bool = False
+
+    @model_validator(mode="after")
+    def _check_combinations(self) -> "EngineConfig":
+        if self.json_disable_whitespace and self.structured_outputs_backend not in ("xgrammar", "guidance"):
+            raise ValueError("json_disable_whitespace needs structured_outputs_backend xgrammar or guidance "
+                             f"(got {self.structured_outputs_backend!r})")
+        if self.enable_chunked_prefill is False and self.max_num_batched_tokens is None:
+            raise ValueError("enable_chunked_prefill false needs an explicit max_num_batched_tokens "
+                             "(>= model.max_model_len)")
+        return self
 
 
 class PlacementConfig(_Strict):
@@ -279,12 +319,15 @@ class ClusterConfig(_Strict):
                 raise ValueError(f"tiers.{tier}: tier names are lowercase letters, digits and '-'")
             for role, pool in tier_cfg.pools().items():
                 batched = pool.engine.max_num_batched_tokens
-                if batched is not None and batched < self.model.max_model_len:
+                chunked = pool.engine.enable_chunked_prefill
+                if batched is not None and batched < self.model.max_model_len and not chunked:
                     # vLLM rejects this without chunked prefill; say which field to change.
                     raise ValueError(
                         f"tiers.{tier}.{role}.engine.max_num_batched_tokens ({batched}) "
-                        f"must be >= model.max_model_len ({self.model.max_model_len})"
+                        f"must be >= model.max_model_len ({self.model.max_model_len}), "
+                        f"or set tiers.{tier}.{role}.engine.enable_chunked_prefill: true"
                     )
+                _check_engine_for_pool(f"tiers.{tier}.{role}", role, pool)
                 scaling = pool.autoscaling
                 if scaling is not None and not scaling.min_replicas <= pool.replicas <= scaling.max_replicas:
                     raise ValueError(
@@ -313,6 +356,16 @@ class ClusterConfig(_Strict):
         if "path" in model and not Path(model["path"]).is_absolute():
             model["path"] = str((path.parent / model["path"]).resolve())
         return cls.model_validate(raw)
+
+
+def _check_engine_for_pool(where: str, role: str, pool: "PoolConfig") -> None:
+    eng = pool.engine
+    if role == "prefill" and eng.speculative is not None:
+        raise ValueError(f"{where}.engine.speculative: prefill computes one token per request; "
+                         "speculative decoding belongs on the decode pool")
+    if eng.tensor_parallel_size > 1 and 0 < pool.num_gpus < eng.tensor_parallel_size:
+        raise ValueError(f"{where}.engine.tensor_parallel_size ({eng.tensor_parallel_size}) needs "
+                         f"{where}.num_gpus >= {eng.tensor_parallel_size} (got {pool.num_gpus})")
 
 
 def _deep_merge(base: dict, extra: dict) -> dict:

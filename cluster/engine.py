@@ -14,6 +14,7 @@ Lifecycle and call order:
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 from dataclasses import dataclass
@@ -21,7 +22,15 @@ from pathlib import Path
 from typing import Any, AsyncIterator, Optional
 
 from cluster.config import EngineConfig, KVTransferConfig
-from cluster.protocol import EngineRequest, PrefillResult, SamplingSettings, TokenChunk
+from cluster.protocol import (
+    EngineRequest,
+    PrefillResult,
+    SamplingSettings,
+    StructuredOutput,
+    TokenChunk,
+    TokenLogprob,
+    TopLogprob,
+)
 from kv_transfer.handoff import prefill_request_params
 from kv_transfer.nixl import KVRole, NixlEndpoint, kv_transfer_config, nixl_env
 
@@ -90,7 +99,31 @@ def engine_environment(spec: EngineSpec) -> dict[str, str]:
     return env
 
 
-def _sampling_params(settings: SamplingSettings, *, max_tokens: int, kv_params: Optional[dict[str, Any]]):
+def engine_levers(eng: EngineConfig) -> dict[str, Any]:
+    """The optional vLLM engine arguments of a pool; only those set, so vLLM keeps its defaults."""
+    args: dict[str, Any] = {
+        "kv_cache_dtype": eng.kv_cache_dtype,
+        "tensor_parallel_size": eng.tensor_parallel_size,
+        "structured_outputs_config": {
+            "backend": eng.structured_outputs_backend,
+            "disable_any_whitespace": eng.json_disable_whitespace,
+        },
+    }
+    if eng.enable_chunked_prefill is not None:
+        args["enable_chunked_prefill"] = eng.enable_chunked_prefill
+    if eng.quantization is not None:
+        args["quantization"] = eng.quantization
+    if eng.speculative is not None:
+        args["speculative_config"] = eng.speculative.model_dump()
+    return args
+
+
+def _sampling_params(settings: SamplingSettings, *, max_tokens: int, kv_params: Optional[dict[str, Any]],
+                     prefill: bool = False):
+    """vLLM SamplingParams of a request. For the prefill hop (`prefill=True`) the
+    decoding-time extras are dropped: its one token is discarded and the prompt's KV does
+    not depend on them, so compiling a grammar or computing logprobs there is waste. The
+    decode engine applies them from its first token, after the KV pull."""
     from vllm import SamplingParams
     from vllm.sampling_params import RequestOutputKind
 
@@ -99,13 +132,47 @@ def _sampling_params(settings: SamplingSettings, *, max_tokens: int, kv_params: 
         max_tokens=max_tokens,
         temperature=settings.temperature,
         top_p=settings.top_p,
+        top_k=settings.top_k,
+        min_p=settings.min_p,
         seed=settings.seed,
         stop=list(settings.stop) or None,
+        stop_token_ids=list(settings.stop_token_ids) or None,
         ignore_eos=settings.ignore_eos,
         min_tokens=min(settings.min_tokens, max_tokens),
+        presence_penalty=settings.presence_penalty,
+        frequency_penalty=settings.frequency_penalty,
+        repetition_penalty=settings.repetition_penalty,
+        logprobs=None if prefill else settings.logprobs,
+        structured_outputs=None if prefill else _structured_outputs(settings.structured),
         output_kind=RequestOutputKind.DELTA,
         extra_args=extra_args,
     )
+
+
+def _structured_outputs(structured: Optional[StructuredOutput]):
+    if structured is None:
+        return None
+    from vllm.sampling_params import StructuredOutputsParams
+
+    if structured.kind == "json_object":
+        return StructuredOutputsParams(json_object=True)
+    if structured.kind == "choice":
+        return StructuredOutputsParams(choice=json.loads(structured.spec))
+    return StructuredOutputsParams(**{structured.kind: structured.spec})  # json, regex, grammar
+
+
+def _token_logprobs(token_ids: Any, logprobs: Any, k: int) -> tuple[TokenLogprob, ...]:
+    """vLLM's per-position {token_id: Logprob} dicts → the sampled token plus its top k."""
+    out = []
+    for token_id, entry in zip(token_ids, logprobs or ()):
+        sampled = entry[token_id]
+        top = sorted((lp for lp in entry.items() if lp[1].rank is not None and lp[1].rank <= k),
+                     key=lambda item: item[1].rank)
+        out.append(TokenLogprob(
+            token_id=token_id, token=sampled.decoded_token or "", logprob=float(sampled.logprob),
+            top=tuple(TopLogprob(tid, lp.decoded_token or "", float(lp.logprob)) for tid, lp in top),
+        ))
+    return tuple(out)
 
 
 class VLLMEngine:
@@ -116,6 +183,10 @@ class VLLMEngine:
         from vllm.v1.engine.async_llm import AsyncLLM
 
         eng = spec.engine
+        levers = engine_levers(eng)
+        from vllm.config import StructuredOutputsConfig
+
+        levers["structured_outputs_config"] = StructuredOutputsConfig(**levers["structured_outputs_config"])
         args = AsyncEngineArgs(
             model=str(spec.model_path),
             served_model_name=[spec.served_name],
@@ -127,6 +198,7 @@ class VLLMEngine:
             enable_prefix_caching=eng.enable_prefix_caching,
             enforce_eager=eng.enforce_eager,
             block_size=eng.block_size,
+            **levers,
             kv_transfer_config=(
                 kv_transfer_config(spec.kv, spec.kv_role, spec.on_gpu) if spec.kv_role else None
             ),
@@ -139,7 +211,8 @@ class VLLMEngine:
 
     async def prefill(self, request: EngineRequest) -> PrefillResult:
         """Compute the prompt's KV and keep it for a remote decode (max_tokens=1)."""
-        params = _sampling_params(request.sampling, max_tokens=1, kv_params=prefill_request_params())
+        params = _sampling_params(request.sampling, max_tokens=1, kv_params=prefill_request_params(),
+                                  prefill=True)
         final = None
         async for output in self._llm.generate(
             {"prompt_token_ids": list(request.prompt_token_ids)}, params, request.request_id
@@ -171,12 +244,16 @@ class VLLMEngine:
             finish = completion.finish_reason if output.finished else None
             if output.finished and finish is None:
                 finish = "error"
+            logprobs = ()
+            if request.sampling.logprobs is not None:
+                logprobs = _token_logprobs(completion.token_ids, completion.logprobs, request.sampling.logprobs)
             yield TokenChunk(
                 text=completion.text,
                 token_ids=tuple(completion.token_ids),
                 finish_reason=finish,
                 num_prompt_tokens=num_prompt,
                 num_output_tokens=produced,
+                logprobs=logprobs,
             )
 
     async def abort(self, request_id: str) -> None:

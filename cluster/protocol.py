@@ -12,14 +12,37 @@ from typing import Any, Optional
 
 
 @dataclass(frozen=True)
+class StructuredOutput:
+    """A decoding-time constraint, applied by the decode engine from its first token.
+
+    kind "json" (spec: a JSON schema, serialized), "json_object" (spec unused), "regex",
+    "choice" (spec: a JSON list of strings) or "grammar" (EBNF/Lark). The prefill engine
+    never sees it: its one sampled token is discarded and the prompt's KV does not depend
+    on it.
+    """
+
+    kind: str
+    spec: str = ""
+
+
+@dataclass(frozen=True)
 class SamplingSettings:
     max_tokens: int
     temperature: float = 1.0
     top_p: float = 1.0
+    top_k: int = 0  # 0: off (vLLM's -1/0)
+    min_p: float = 0.0
     seed: Optional[int] = None
     stop: tuple[str, ...] = ()
+    stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
     min_tokens: int = 0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    # None: no logprobs; k >= 0: the sampled token's logprob plus the k most likely.
+    logprobs: Optional[int] = None
+    structured: Optional[StructuredOutput] = None
 
 
 @dataclass(frozen=True)
@@ -43,6 +66,23 @@ class PrefillResult:
 
 
 @dataclass(frozen=True)
+class TopLogprob:
+    token_id: int
+    token: str  # the token's text as the engine decoded it
+    logprob: float
+
+
+@dataclass(frozen=True)
+class TokenLogprob:
+    """The sampled token's logprob and the `SamplingSettings.logprobs` most likely ones."""
+
+    token_id: int
+    token: str
+    logprob: float
+    top: tuple[TopLogprob, ...] = ()
+
+
+@dataclass(frozen=True)
 class TokenChunk:
     """One streamed step of a decode. Deltas, plus running totals for usage."""
 
@@ -51,6 +91,8 @@ class TokenChunk:
     finish_reason: Optional[str] = None  # "stop" | "length" | "abort" | "error"
     num_prompt_tokens: int = 0
     num_output_tokens: int = 0
+    # One entry per token in token_ids when the request asked for logprobs, else empty.
+    logprobs: tuple[TokenLogprob, ...] = ()
 
 
 @dataclass(frozen=True)

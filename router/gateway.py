@@ -15,6 +15,7 @@ from router.auth import ApiKeyAuth
 from router.disagg import DisaggregatedBackend
 from router.openai.app import build_openai_app
 from router.openai.tokenizer import PromptTokenizer
+from router.openai.tools import ToolCalling
 from router.routing.build import build_kv_router
 
 
@@ -26,12 +27,14 @@ class Gateway:
         self.backend = DisaggregatedBackend(
             model_id=cfg.model.served_name,
             max_model_len=cfg.model.max_model_len,
-            tokenizer=PromptTokenizer(cfg.model.path),
+            tokenizer=(tokenizer := PromptTokenizer(cfg.model.path)),
             pools=pools,
             default_tier=cfg.default_tier,
             prefill_timeout_s=cfg.kv_transfer.prefill_timeout_s,
             router=build_kv_router(cfg),
         )
+        # The model's vLLM tool parser (model.tool_parser); an unknown name fails the start here.
+        self.tool_calling = ToolCalling.from_config(cfg, tokenizer.hf)
         # API key → tenant → tier; warns at start-up when the API is open (no keys).
         self.auth = ApiKeyAuth.from_config(cfg)
         # Bounded queue per tier in front of the pools: 429 with Retry-After beyond it.
@@ -41,7 +44,8 @@ class Gateway:
 
     def __serve_build_asgi_app__(self):
         app = build_openai_app(
-            self.admission, max_body_bytes=self.cfg.gateway.max_body_bytes, authenticate=self.auth.tier_of
+            self.admission, max_body_bytes=self.cfg.gateway.max_body_bytes, authenticate=self.auth.tier_of,
+            tool_calling=self.tool_calling,
         )
 
         @app.get("/metrics", include_in_schema=False)

@@ -34,10 +34,11 @@ class FakeTokenizer:
     def render(self, messages: Sequence[Mapping[str, Any]]) -> str:
         return "".join(f"{m['role']}: {m['content']}\n" for m in messages) + "assistant: "
 
-    def chat(self, messages: Sequence[Mapping[str, Any]]) -> list[int]:
+    def chat(self, messages: Sequence[Mapping[str, Any]], tools: Optional[Sequence[Mapping[str, Any]]] = None) -> list[int]:
         if not self.chat_template:
             raise bad_request("This model has no chat template.", "messages", "chat_template_missing")
-        return self.encode(self.render(messages))
+        shown = "".join(f"tool: {t['function']['name']}\n" for t in tools or [])
+        return self.encode(shown + self.render(messages))
 
 
 class FakeBackend:

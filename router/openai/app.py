@@ -7,6 +7,7 @@ else, a wrong model a 404 before we spend time tokenizing, and an over-long requ
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import time
@@ -19,7 +20,7 @@ from starlette.datastructures import Headers, MutableHeaders
 from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from cluster.protocol import EngineRequest, SamplingSettings
+from cluster.protocol import EngineRequest, SamplingSettings, StructuredOutput
 from router.openai.backend import OpenAIBackend
 from router.openai.errors import (
     REQUEST_ID_HEADER,
@@ -33,6 +34,8 @@ from router.openai.errors import (
     service_unavailable,
 )
 from router.openai.protocol import ChatCompletionRequest, CompletionRequest, parse_request
+from router.openai.sampling import sampling_extras
+from router.openai.tools import ToolCalling, tool_result
 from router.openai.responses import Accumulator, ResponseContext, check_finish_reason, full_response
 from router.openai.streaming import (
     ClientGone,
@@ -118,8 +121,11 @@ def build_openai_app(
     *,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
     authenticate: Optional[Authenticate] = None,
+    tool_calling: Optional[ToolCalling] = None,
 ) -> FastAPI:
-    """The OpenAI-compatible app for one backend. No globals: build as many as you like."""
+    """The OpenAI-compatible app for one backend. No globals: build as many as you like.
+    `tool_calling` (the model's vLLM tool parser) serves `tools`; without it they get a 400."""
+    tools = tool_calling or ToolCalling(None, None)
     app = FastAPI(title="tandem OpenAI edge", docs_url=None, redoc_url=None, openapi_url=None)
     app.add_middleware(RequestIdMiddleware)
     install_exception_handlers(app)
@@ -171,7 +177,8 @@ def build_openai_app(
     def tokenize(req: Union[CompletionRequest, ChatCompletionRequest]) -> list[int]:
         tokenizer = backend.tokenizer
         if isinstance(req, ChatCompletionRequest):
-            ids = tokenizer.chat([m.for_template() for m in req.messages])
+            offered = [t.model_dump(exclude_none=True) for t in req.tools or []] or None
+            ids = tokenizer.chat([m.for_template() for m in req.messages], tools=offered)
         elif isinstance(req.prompt, str):
             ids = tokenizer.encode(req.prompt)
         else:
@@ -183,7 +190,8 @@ def build_openai_app(
             raise bad_request("The prompt is empty.", "messages" if isinstance(req, ChatCompletionRequest) else "prompt")
         return list(ids)
 
-    def sampling_of(req: Union[CompletionRequest, ChatCompletionRequest], prompt_len: int) -> SamplingSettings:
+    def sampling_of(req: Union[CompletionRequest, ChatCompletionRequest], prompt_len: int,
+                    structured: Optional[StructuredOutput]) -> SamplingSettings:
         chat = isinstance(req, ChatCompletionRequest)
         param = "messages" if chat else "prompt"
         limit = backend.max_model_len
@@ -207,6 +215,7 @@ def build_openai_app(
             stop=req.stop_sequences,
             ignore_eos=bool(req.ignore_eos),
             min_tokens=min_tokens,
+            **sampling_extras(req, structured, getattr(backend.tokenizer, "vocab_size", None)),
         )
 
     async def _serve(request: Request, chat: bool) -> Response:
@@ -219,8 +228,9 @@ def build_openai_app(
         req = parse_request(ChatCompletionRequest if chat else CompletionRequest, body)
         if req.model != backend.model_id:
             raise not_found(req.model)
+        tool_request = tools.prepare(req) if isinstance(req, ChatCompletionRequest) and req.calls_tools() else None
         prompt_ids = tokenize(req)
-        sampling = sampling_of(req, len(prompt_ids))
+        sampling = sampling_of(req, len(prompt_ids), tool_request.structured if tool_request else req.structured_output())
         engine_id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
         engine_request = EngineRequest(engine_id, tuple(prompt_ids), sampling, tier=tier)
         logger.debug("request %s -> %s, %d prompt tokens", edge_id, engine_id, len(prompt_ids))
@@ -232,7 +242,11 @@ def build_openai_app(
             prompt_token_ids=tuple(prompt_ids),
             return_token_ids=bool(req.return_token_ids),
             include_usage=req.include_usage,
+            logprobs=req.num_logprobs() is not None,
         )
+        parse_tools = None
+        if tool_request is not None:
+            parse_tools = functools.partial(tool_result, tools, tool_request)
         acc = Accumulator(prompt_tokens=len(prompt_ids))
         guard = StreamGuard(backend, engine_id)
         handed_off = False
@@ -245,7 +259,7 @@ def build_openai_app(
                 guard.finished = first.finish_reason is not None
                 check_finish_reason(first.finish_reason, edge_id)
                 response = SSEResponse(
-                    sse_events(guard, first, ctx, acc, edge_id),
+                    sse_events(guard, first, ctx, acc, edge_id, parse_tools),
                     guard,
                     media_type="text/event-stream",
                     headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
@@ -265,7 +279,7 @@ def build_openai_app(
             if not guard.finished:
                 logger.error("stream %s ended without a finish reason", engine_id)
                 raise RuntimeError("backend stream ended without a finish reason")
-            return JSONResponse(full_response(ctx, acc))
+            return JSONResponse(full_response(ctx, acc, parse_tools(acc) if parse_tools else None))
         except ClientGone:
             return Response(status_code=_CLIENT_CLOSED)
         finally:

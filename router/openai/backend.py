@@ -6,7 +6,7 @@ pools) and the unit-test fake are interchangeable, and the edge never imports Ra
 
 from __future__ import annotations
 
-from typing import Any, AsyncIterator, Mapping, Protocol, Sequence, runtime_checkable
+from typing import Any, AsyncIterator, Mapping, Optional, Protocol, Sequence, runtime_checkable
 
 from cluster.protocol import EngineRequest, TokenChunk
 
@@ -23,8 +23,10 @@ class TokenizerLike(Protocol):
         """Token ids of a completion prompt, special tokens added as the model expects."""
         ...
 
-    def chat(self, messages: Sequence[Mapping[str, Any]]) -> list[int]:
-        """Token ids of a conversation with the chat template and generation prompt applied.
+    def chat(self, messages: Sequence[Mapping[str, Any]],
+             tools: Optional[Sequence[Mapping[str, Any]]] = None) -> list[int]:
+        """Token ids of a conversation with the chat template and generation prompt applied;
+        `tools` (OpenAI tool objects, or None) are rendered by the template when given.
 
         Raises `OpenAIError` (400) when the model cannot render the conversation.
         """

@@ -13,16 +13,15 @@ from typing import Any, ClassVar, Literal, Optional, TypeVar, Union
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from cluster.protocol import StructuredOutput
 from router.openai.errors import OpenAIError, bad_request, from_validation_errors
+from router.openai.params import ResponseFormat, StructuredOutputs, Tool, ToolChoice, structured_output_of
 
 MAX_STOP_SEQUENCES = 4
 
 # Parameter -> the values that mean "feature off"; anything else is a 400 naming it.
 _UNSUPPORTED_COMMON: dict[str, tuple[Any, ...]] = {
-    "logprobs": (None, False),
     "logit_bias": (None, {}),
-    "presence_penalty": (None, 0, 0.0),
-    "frequency_penalty": (None, 0, 0.0),
 }
 _UNSUPPORTED_COMPLETION: dict[str, tuple[Any, ...]] = {
     **_UNSUPPORTED_COMMON,
@@ -32,14 +31,11 @@ _UNSUPPORTED_COMPLETION: dict[str, tuple[Any, ...]] = {
 }
 _UNSUPPORTED_CHAT: dict[str, tuple[Any, ...]] = {
     **_UNSUPPORTED_COMMON,
-    "top_logprobs": (None, 0),
-    "response_format": (None, {"type": "text"}),
-    "tools": (None, []),
-    "tool_choice": (None, "none", "auto"),
+    # The deprecated forms of tools/tool_choice: use those instead.
     "functions": (None, []),
     "function_call": (None, "none", "auto"),
-    "parallel_tool_calls": (None, True),
 }
+MAX_LOGPROBS = 20  # vLLM's default max_logprobs per engine
 
 
 def _same(value: Any, default: Any) -> bool:
@@ -71,10 +67,17 @@ class _Request(BaseModel):
     stream_options: Optional[StreamOptions] = None
     n: Optional[int] = None
     user: Optional[str] = None
+    presence_penalty: Optional[float] = Field(default=None, ge=-2.0, le=2.0)
+    frequency_penalty: Optional[float] = Field(default=None, ge=-2.0, le=2.0)
     # vLLM extensions
     ignore_eos: Optional[bool] = False
     min_tokens: Optional[int] = Field(default=None, ge=0)
     return_token_ids: Optional[bool] = False
+    stop_token_ids: Optional[list[int]] = None
+    top_k: Optional[int] = Field(default=None, ge=-1)
+    min_p: Optional[float] = Field(default=None, ge=0.0, le=1.0)
+    repetition_penalty: Optional[float] = Field(default=None, gt=0.0, le=2.0)
+    structured_outputs: Optional[StructuredOutputs] = None
 
     @field_validator("stop")
     @classmethod
@@ -90,7 +93,15 @@ class _Request(BaseModel):
     @classmethod
     def _check_n(cls, value: Optional[int]) -> Optional[int]:
         if value is not None and value != 1:
-            raise ValueError("only n=1 is supported")
+            # One prefill hands one sequence's KV to decode; send n requests (with seeds).
+            raise ValueError("only n=1 is supported; send n separate requests instead")
+        return value
+
+    @field_validator("stop_token_ids")
+    @classmethod
+    def _check_stop_ids(cls, value: Optional[list[int]]) -> Optional[list[int]]:
+        if value is not None and any(v < 0 for v in value):
+            raise ValueError("token ids must be non-negative integers")
         return value
 
     @model_validator(mode="after")
@@ -114,6 +125,13 @@ class _Request(BaseModel):
         """The client's max_tokens, or None when the server should choose."""
         return self.max_tokens
 
+    def num_logprobs(self) -> Optional[int]:
+        """None: no logprobs; k: the sampled token's plus the k most likely."""
+        raise NotImplementedError
+
+    def structured_output(self) -> Optional[StructuredOutput]:
+        return self.structured_outputs.constraint() if self.structured_outputs is not None else None
+
 
 class CompletionRequest(_Request):
     """POST /v1/completions. One prompt per request: a string, token ids, or [string]."""
@@ -122,6 +140,10 @@ class CompletionRequest(_Request):
     DEFAULT_MAX_TOKENS: ClassVar[int] = 16  # OpenAI's default for completions
 
     prompt: Any
+    logprobs: Optional[int] = Field(default=None, ge=0, le=MAX_LOGPROBS)
+
+    def num_logprobs(self) -> Optional[int]:
+        return self.logprobs
 
     @field_validator("prompt")
     @classmethod
@@ -157,13 +179,25 @@ class ChatMessage(BaseModel):
 
     model_config = ConfigDict(strict=True, extra="forbid")
 
-    role: Literal["system", "user", "assistant"]
-    content: Any
+    role: Literal["system", "user", "assistant", "tool"]
+    content: Any  # required; null only on an assistant turn with tool_calls
     name: Optional[str] = None
+    tool_calls: Optional[list[dict[str, Any]]] = None  # an assistant turn that called tools
+    tool_call_id: Optional[str] = None  # a tool turn: which call this answers
+
+    @model_validator(mode="after")
+    def _check_turn(self) -> "ChatMessage":
+        if self.content is None and not (self.role == "assistant" and self.tool_calls):
+            raise ValueError("'content' is required (it may be null only on an assistant turn with 'tool_calls')")
+        if self.role == "tool" and not self.tool_call_id:
+            raise ValueError("a 'tool' message needs the 'tool_call_id' it answers")
+        return self
 
     @field_validator("content")
     @classmethod
-    def _check_content(cls, value: Any) -> Union[str, list[TextPart]]:
+    def _check_content(cls, value: Any) -> Union[None, str, list[TextPart]]:
+        if value is None:
+            return None
         if isinstance(value, str):
             return value
         if isinstance(value, list):
@@ -180,14 +214,15 @@ class ChatMessage(BaseModel):
         raise ValueError('must be a string or a list of {"type": "text", "text": ...} parts')
 
     def text(self) -> str:
-        if isinstance(self.content, str):
-            return self.content
+        if self.content is None or isinstance(self.content, str):
+            return self.content or ""
         return "\n".join(part.text for part in self.content)
 
     def for_template(self) -> dict[str, Any]:
         out: dict[str, Any] = {"role": self.role, "content": self.text()}
-        if self.name is not None:
-            out["name"] = self.name
+        for key in ("name", "tool_calls", "tool_call_id"):
+            if getattr(self, key) is not None:
+                out[key] = getattr(self, key)
         return out
 
 
@@ -198,6 +233,37 @@ class ChatCompletionRequest(_Request):
 
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: Optional[int] = Field(default=None, gt=0)
+    logprobs: Optional[bool] = None
+    top_logprobs: Optional[int] = Field(default=None, ge=0, le=MAX_LOGPROBS)
+    response_format: Optional[ResponseFormat] = None
+    tools: Optional[list[Tool]] = None
+    tool_choice: Optional[ToolChoice] = None
+    parallel_tool_calls: Optional[bool] = None
+
+    @model_validator(mode="after")
+    def _check_extras(self) -> "ChatCompletionRequest":
+        if self.top_logprobs and not self.logprobs:
+            raise ValueError("'top_logprobs' needs 'logprobs': true")
+        choice = self.tool_choice
+        if choice not in (None, "none") and not self.tools:
+            raise ValueError("'tool_choice' needs 'tools'")
+        if isinstance(choice, BaseModel) and choice.function.name not in {t.function.name for t in self.tools or []}:
+            raise ValueError(f"'tool_choice' names function {choice.function.name!r}, which is not in 'tools'")
+        if self.calls_tools() and (self.response_format is not None and self.response_format.type != "text"
+                                   or self.structured_outputs is not None):
+            raise ValueError("'tool_choice' cannot be combined with 'response_format' or 'structured_outputs'")
+        structured_output_of(self.response_format, self.structured_outputs)  # both set: error
+        return self
+
+    def calls_tools(self) -> bool:
+        """Tools are offered and the model may (auto) or must (required, named) call one."""
+        return bool(self.tools) and self.tool_choice != "none"
+
+    def num_logprobs(self) -> Optional[int]:
+        return (self.top_logprobs or 0) if self.logprobs else None
+
+    def structured_output(self) -> Optional[StructuredOutput]:
+        return structured_output_of(self.response_format, self.structured_outputs)
 
     @model_validator(mode="after")
     def _check_token_aliases(self) -> "ChatCompletionRequest":
@@ -248,7 +314,9 @@ def parse_request(model_cls: type[RequestT], body: Any) -> RequestT:
 
 
 def _model_level_error(message: str) -> OpenAIError:
-    for param in ("stream_options", "max_completion_tokens"):
-        if f"'{param}'" in message:
-            return bad_request(message, param, "invalid_value")
+    params = ("stream_options", "max_completion_tokens", "top_logprobs", "structured_outputs", "tool_choice",
+              "response_format")
+    named = sorted((message.find(f"'{p}'"), p) for p in params if f"'{p}'" in message)
+    if named:  # the parameter named first is the one the message is about
+        return bad_request(message, named[0][1], "invalid_value")
     return bad_request(message)

@@ -10,8 +10,9 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Optional, Sequence
 
-from cluster.protocol import TokenChunk
+from cluster.protocol import TokenChunk, TokenLogprob
 from router.openai.errors import OpenAIError, internal_error, service_unavailable
+from router.openai.logprobs import logprobs_body
 
 DONE = b"data: [DONE]\n\n"
 
@@ -50,10 +51,14 @@ class Accumulator:
     token_ids: list[int] = field(default_factory=list)
     reported_output_tokens: int = 0
     finish_reason: Optional[str] = None
+    logprobs: list[TokenLogprob] = field(default_factory=list)
+    text_length: int = 0  # characters so far: the text_offset of the next completion logprob
 
     def add(self, chunk: TokenChunk) -> None:
         self.text_parts.append(chunk.text)
+        self.text_length += len(chunk.text)
         self.token_ids.extend(chunk.token_ids)
+        self.logprobs.extend(chunk.logprobs)
         self.reported_output_tokens = max(self.reported_output_tokens, chunk.num_output_tokens)
         if chunk.finish_reason is not None:
             self.finish_reason = chunk.finish_reason
@@ -82,6 +87,7 @@ class ResponseContext:
     prompt_token_ids: Sequence[int]
     return_token_ids: bool = False
     include_usage: bool = False
+    logprobs: bool = False  # the request asked for logprobs
 
     @property
     def object_name(self) -> str:
@@ -95,15 +101,26 @@ class ResponseContext:
         return {"id": self.id, "object": obj, "created": self.created, "model": self.model}
 
 
-def full_response(ctx: ResponseContext, acc: Accumulator) -> dict[str, Any]:
+@dataclass(frozen=True)
+class ToolResult:
+    """A chat answer parsed for tool calls (router/openai/tools.py)."""
+
+    content: Optional[str]
+    tool_calls: list[dict[str, Any]]
+    finish_reason: Optional[str]
+
+
+def full_response(ctx: ResponseContext, acc: Accumulator, tools: Optional[ToolResult] = None) -> dict[str, Any]:
     """The non-streaming body (`text_completion` or `chat.completion`)."""
     choice: dict[str, Any] = {"index": 0}
     if ctx.chat:
         choice["message"] = {"role": "assistant", "content": acc.text}
+        if tools is not None:
+            choice["message"] = {"role": "assistant", "content": tools.content, "tool_calls": tools.tool_calls}
     else:
         choice["text"] = acc.text
-    choice["logprobs"] = None
-    choice["finish_reason"] = acc.finish_reason
+    choice["logprobs"] = logprobs_body(ctx.chat, acc.logprobs) if ctx.logprobs else None
+    choice["finish_reason"] = tools.finish_reason if tools is not None else acc.finish_reason
     body = ctx._head(ctx.object_name)
     if ctx.return_token_ids:
         choice["token_ids"] = list(acc.token_ids)
@@ -121,8 +138,12 @@ def stream_chunk(
     token_ids: Sequence[int] = (),
     finish_reason: Optional[str] = None,
     first: bool = False,
+    logprobs: Sequence[TokenLogprob] = (),
+    text_offset: int = 0,
+    tools: Optional[ToolResult] = None,
 ) -> dict[str, Any]:
-    """One streamed delta. The first chat chunk announces the assistant role (as OpenAI)."""
+    """One streamed delta. The first chat chunk announces the assistant role (as OpenAI).
+    With `tools`, the delta is the whole parsed answer (tool streams are sent at the end)."""
     choice: dict[str, Any] = {"index": 0}
     if ctx.chat:
         delta: dict[str, Any] = {}
@@ -130,10 +151,15 @@ def stream_chunk(
             delta["role"] = "assistant"
         if text or first:
             delta["content"] = text
+        if tools is not None:
+            if tools.content:
+                delta["content"] = tools.content
+            if tools.tool_calls:
+                delta["tool_calls"] = [{"index": i, **call} for i, call in enumerate(tools.tool_calls)]
         choice["delta"] = delta
     else:
         choice["text"] = text
-    choice["logprobs"] = None
+    choice["logprobs"] = logprobs_body(ctx.chat, logprobs, text_offset) if ctx.logprobs and logprobs else None
     choice["finish_reason"] = finish_reason
     body = ctx._head(ctx.chunk_object_name)
     if ctx.return_token_ids:

@@ -27,6 +27,7 @@ from router.openai.responses import (
     DONE,
     Accumulator,
     ResponseContext,
+    ToolResult,
     check_finish_reason,
     error_event,
     sse,
@@ -174,20 +175,31 @@ async def sse_events(
     ctx: ResponseContext,
     acc: Accumulator,
     edge_request_id: str,
+    parse_tools: Optional[Callable[[Accumulator], ToolResult]] = None,
 ) -> AsyncIterator[bytes]:
-    """The SSE body: deltas, the optional usage chunk, `[DONE]`; errors become one event."""
+    """The SSE body: deltas, the optional usage chunk, `[DONE]`; errors become one event.
+
+    With `parse_tools` the answer may hold tool calls, which only parse whole: the deltas
+    are held back and the parsed answer goes out as one delta with the finish reason."""
     try:
         if ctx.chat:
             yield sse(stream_chunk(ctx, "", first=True))
         first_content = not ctx.chat
         chunk = first
         while chunk is not None:
+            offset = acc.text_length
             acc.add(chunk)
             if chunk.finish_reason is not None:
                 guard.finished = True
             check_finish_reason(chunk.finish_reason, edge_request_id)
-            if chunk.text or chunk.finish_reason is not None or (ctx.return_token_ids and chunk.token_ids):
-                yield sse(stream_chunk(ctx, chunk.text, chunk.token_ids, chunk.finish_reason, first_content))
+            if parse_tools is not None:
+                if chunk.finish_reason is not None:
+                    result = parse_tools(acc)
+                    yield sse(stream_chunk(ctx, "", acc.token_ids, result.finish_reason, False, acc.logprobs,
+                                           tools=result))
+            elif chunk.text or chunk.finish_reason is not None or (ctx.return_token_ids and chunk.token_ids):
+                yield sse(stream_chunk(ctx, chunk.text, chunk.token_ids, chunk.finish_reason, first_content,
+                                       chunk.logprobs, offset))
                 first_content = False
             if chunk.finish_reason is not None:
                 break

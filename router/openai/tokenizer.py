@@ -33,6 +33,11 @@ class PromptTokenizer:
         return len(self._tok)
 
     @property
+    def hf(self) -> Any:
+        """The Hugging Face tokenizer itself (vLLM's tool parsers take it)."""
+        return self._tok
+
+    @property
     def eos_token_id(self) -> Optional[int]:
         return self._tok.eos_token_id
 
@@ -47,8 +52,10 @@ class PromptTokenizer:
     def decode(self, token_ids: Sequence[int]) -> str:
         return str(self._tok.decode(list(token_ids), skip_special_tokens=True))
 
-    def chat(self, messages: Sequence[Mapping[str, Any]]) -> list[int]:
+    def chat(self, messages: Sequence[Mapping[str, Any]],
+             tools: Optional[Sequence[Mapping[str, Any]]] = None) -> list[int]:
         """Ids of a conversation rendered by the model's chat template, ready for a reply.
+        `tools` (OpenAI's tool objects) go to the template, which shows them to the model.
 
         A model without a template cannot serve chat: say so with a 400 that points to
         /v1/completions rather than guessing a format the model was not trained on.
@@ -61,8 +68,9 @@ class PromptTokenizer:
                 "chat_template_missing",
             )
         try:
+            extra = {"tools": [dict(t) for t in tools]} if tools else {}
             out = self._tok.apply_chat_template(
-                [dict(m) for m in messages], add_generation_prompt=True, tokenize=True
+                [dict(m) for m in messages], add_generation_prompt=True, tokenize=True, **extra
             )
         except OpenAIError:
             raise

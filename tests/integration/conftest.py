@@ -25,11 +25,13 @@ BATCH_PREFILL_AUTOSCALING = {
 def integration_config(model_dir: Path):
     from cluster.config import ClusterConfig
 
-    engine = {"kv_cache_bytes": 64 << 20, "max_num_seqs": 8}
+    # Compact JSON (no free whitespace) keeps the random tiny model's constrained answers short.
+    engine = {"kv_cache_bytes": 64 << 20, "max_num_seqs": 8, "structured_outputs_backend": "xgrammar",
+              "json_disable_whitespace": True}
     return ClusterConfig.model_validate(
         {
             "model": {"path": str(model_dir), "name": MODEL_NAME, "dtype": "float32",
-                      "max_model_len": MAX_MODEL_LEN},
+                      "max_model_len": MAX_MODEL_LEN, "tool_parser": "hermes"},
             "gateway": {"host": "127.0.0.1", "port": GATEWAY_PORT},
             "tiers": {
                 "interactive": {

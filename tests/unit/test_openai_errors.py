@@ -105,27 +105,60 @@ def test_only_n_equal_one_is_served(client, n: int) -> None:
 @pytest.mark.parametrize(
     "path, param, value",
     [
-        (COMPLETIONS, "logprobs", 2),
         (COMPLETIONS, "echo", True),
         (COMPLETIONS, "best_of", 3),
         (COMPLETIONS, "suffix", "tail"),
         (COMPLETIONS, "logit_bias", {"50256": -100}),
-        (COMPLETIONS, "presence_penalty", 0.5),
-        (COMPLETIONS, "frequency_penalty", -1),
-        (CHAT, "logprobs", True),
-        (CHAT, "top_logprobs", 2),
-        (CHAT, "response_format", {"type": "json_object"}),
-        (CHAT, "tools", [{"type": "function", "function": {"name": "f"}}]),
-        (CHAT, "tool_choice", "required"),
+        (CHAT, "logit_bias", {"5": 1}),
         (CHAT, "functions", [{"name": "f"}]),
         (CHAT, "function_call", {"name": "f"}),
-        (CHAT, "parallel_tool_calls", False),
-        (CHAT, "presence_penalty", True),  # True is not 0
     ],
 )
 def test_unsupported_parameters_are_named(client, path: str, param: str, value: Any) -> None:
     body = (chat if path == CHAT else completion)(**{param: value})
     assert_openai_error(client.post(path, json=body), 400, param=param, code="unsupported_parameter", contains=param)
+
+
+TOOL = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
+
+
+@pytest.mark.parametrize(
+    "path, body, param, contains",
+    [
+        (COMPLETIONS, completion(logprobs=21), "logprobs", "20"),
+        (COMPLETIONS, completion(presence_penalty=2.5), "presence_penalty", "2"),
+        (COMPLETIONS, completion(frequency_penalty=True), "frequency_penalty", "frequency_penalty"),
+        (COMPLETIONS, completion(stop_token_ids=[1, 999]), "stop_token_ids", "vocabulary"),
+        (COMPLETIONS, completion(structured_outputs={"regex": "a", "choice": ["b"]}), "structured_outputs", "exactly one"),
+        (COMPLETIONS, completion(structured_outputs={"regex": "(unclosed"}), "structured_outputs", "regex"),
+        (COMPLETIONS, completion(structured_outputs={"json": {"type": 5}}), "structured_outputs", "schema"),
+        (CHAT, chat(top_logprobs=2), "top_logprobs", "logprobs"),
+        (CHAT, chat(logprobs=True, top_logprobs=21), "top_logprobs", "20"),
+        (CHAT, chat(response_format={"type": "json_schema"}), "response_format", "json_schema"),
+        (CHAT, chat(response_format={"type": "xml"}), "response_format.type", "type"),
+        (CHAT, chat(response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "nope"}}}),
+         "response_format.json_schema.schema", "schema"),
+        (CHAT, chat(response_format={"type": "json_object"}, structured_outputs={"regex": "a"}), "response_format",
+         "both"),
+        (CHAT, chat(tool_choice="required"), "tool_choice", "tools"),
+        (CHAT, chat(tools=[TOOL], tool_choice={"type": "function", "function": {"name": "g"}}), "tool_choice", "'g'"),
+        (CHAT, chat(tools=[{"type": "function", "function": {"name": "bad name"}}]), "tools[0].function.name", "name"),
+        (CHAT, chat(tools=[TOOL], tool_choice="required", response_format={"type": "json_object"}), "tool_choice",
+         "response_format"),
+        (CHAT, chat(messages=[{"role": "tool", "content": "42"}]), "messages[0]", "tool_call_id"),
+    ],
+)
+def test_bad_values_of_supported_parameters_are_named(client, path: str, body: dict[str, Any], param: str,
+                                                       contains: str) -> None:
+    assert_openai_error(client.post(path, json=body), 400, param=param, contains=contains)
+
+
+def test_tools_without_a_configured_parser_are_400(client) -> None:
+    for choice in ("auto", "required", {"type": "function", "function": {"name": "f"}}):
+        body = chat(tools=[TOOL], tool_choice=choice)
+        assert_openai_error(client.post(CHAT, json=body), 400, param="tools", code="tool_parser_missing",
+                            contains="model.tool_parser")
+    assert client.post(CHAT, json=chat(tools=[TOOL], tool_choice="none")).status_code == 200
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,78 @@
+"""Engine levers per pool (cluster/config.py EngineConfig) and their mapping onto vLLM's
+engine arguments (cluster/engine.py): invalid combinations fail at load, naming the field."""
+
+from __future__ import annotations
+
+import pytest
+from pydantic import ValidationError
+
+from cluster.config import ClusterConfig, EngineConfig
+from cluster.engine import _sampling_params, engine_levers
+from cluster.protocol import SamplingSettings, StructuredOutput
+
+
+def _cfg(prefill: dict | None = None, decode: dict | None = None, **model) -> ClusterConfig:
+    return ClusterConfig.model_validate({
+        "model": {"path": "/m", "max_model_len": 1024, **model},
+        "tiers": {"interactive": {"prefill": {"engine": prefill or {}}, "decode": {"engine": decode or {}}}},
+    })
+
+
+def test_levers_reach_vllm_engine_arguments() -> None:
+    eng = EngineConfig.model_validate({
+        "kv_cache_dtype": "fp8", "enable_chunked_prefill": True, "max_num_batched_tokens": 256,
+        "quantization": "fp8", "tensor_parallel_size": 2, "structured_outputs_backend": "xgrammar",
+        "json_disable_whitespace": True,
+        "speculative": {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 5},
+    })
+    args = engine_levers(eng)
+    assert args["kv_cache_dtype"] == "fp8" and args["enable_chunked_prefill"] is True
+    assert args["quantization"] == "fp8" and args["tensor_parallel_size"] == 2
+    assert args["structured_outputs_config"] == {"backend": "xgrammar", "disable_any_whitespace": True}
+    assert args["speculative_config"] == {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 1,
+                                          "prompt_lookup_max": 5}
+    defaults = engine_levers(EngineConfig())
+    assert "speculative_config" not in defaults and "quantization" not in defaults
+    assert "enable_chunked_prefill" not in defaults  # vLLM keeps its own default
+
+
+@pytest.mark.parametrize("prefill, decode, field", [
+    ({}, {"json_disable_whitespace": True}, "structured_outputs_backend"),
+    ({}, {"speculative": {"prompt_lookup_min": 4, "prompt_lookup_max": 2}}, "prompt_lookup_min"),
+    ({}, {"speculative": {"method": "eagle"}}, "speculative.method"),
+    ({"speculative": {}}, {}, "tiers.interactive.prefill.engine.speculative"),
+    ({}, {"max_num_batched_tokens": 256}, "enable_chunked_prefill"),
+    ({}, {"enable_chunked_prefill": False}, "max_num_batched_tokens"),
+    ({}, {"kv_cache_dtype": "int3"}, "kv_cache_dtype"),
+    ({}, {"tensor_parallel_size": 0}, "tensor_parallel_size"),
+])
+def test_invalid_combinations_name_the_field(prefill, decode, field) -> None:
+    with pytest.raises(ValidationError, match=field.replace(".", r"\.")):
+        _cfg(prefill, decode)
+
+
+def test_chunked_prefill_allows_small_batches_and_tool_parser_is_a_name() -> None:
+    cfg = _cfg({}, {"max_num_batched_tokens": 256, "enable_chunked_prefill": True}, tool_parser="hermes")
+    assert cfg.tiers["interactive"].decode.engine.max_num_batched_tokens == 256
+    assert cfg.model.tool_parser == "hermes"
+    with pytest.raises(ValidationError, match="tool_parser"):
+        _cfg(tool_parser="bad name!")
+
+
+def test_tensor_parallel_needs_enough_gpus() -> None:
+    with pytest.raises(ValidationError, match=r"tiers\.interactive\.decode\.engine\.tensor_parallel_size"):
+        ClusterConfig.model_validate({"model": {"path": "/m"}, "tiers": {"interactive": {
+            "decode": {"num_gpus": 1, "engine": {"tensor_parallel_size": 2}}}}})
+
+
+def test_prefill_drops_decoding_time_extras_decode_keeps_them() -> None:
+    settings = SamplingSettings(max_tokens=8, logprobs=2, structured=StructuredOutput("regex", "[0-9]+"),
+                                presence_penalty=0.5, stop_token_ids=(7,), top_k=4)
+    prefill = _sampling_params(settings, max_tokens=1, kv_params={"do_remote_decode": True}, prefill=True)
+    assert prefill.logprobs is None and prefill.structured_outputs is None and prefill.max_tokens == 1
+    decode = _sampling_params(settings, max_tokens=8, kv_params=None)
+    assert decode.logprobs == 2 and decode.structured_outputs.regex == "[0-9]+"
+    assert (decode.presence_penalty, decode.stop_token_ids, decode.top_k) == (0.5, [7], 4)
+    choice = _sampling_params(SamplingSettings(max_tokens=2, structured=StructuredOutput("choice", '["a", "b"]')),
+                              max_tokens=2, kv_params=None)
+    assert choice.structured_outputs.choice == ["a", "b"]

@@ -1,8 +1,17 @@
 """One real cluster for the whole integration session: Ray, Ray Serve, two vLLM engines on
-CPU (prefill producer, decode consumer), NIXL between them, the tiny float32 model."""
+CPU (prefill producer, decode consumer), NIXL between them, the tiny float32 model.
+
+Ray runs as two nodes on this machine, a head and a worker started with `ray start`, each
+with one CPU and its own custom resource: prefill is placed on the head, decode on the
+worker (pool placement), so every request's KV crosses between Ray nodes.
+"""
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -12,6 +21,39 @@ from tests.conftest import TEST_STATE
 GATEWAY_PORT = 8765
 MODEL_NAME = "tiny-llama"
 MAX_MODEL_LEN = 512
+RAY_PORT = 6391  # GCS of the two-node test cluster; not Ray's default, to stay clear of others
+# Each node's own custom resource; a pool asks for 1 per replica (placement.resources).
+NODE_RESOURCES = {"head": {"node_prefill": 8}, "worker": {"node_decode": 8}}
+
+
+def _ray(*args: str) -> None:
+    from cluster.local import LOCAL_RAY_ENV
+
+    ray_cli = str(Path(sys.executable).parent / "ray")
+    # LOCAL_RAY_ENV's RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 also refuses a second node. With it
+    # on, both nodes register with this machine's IP (Ray rewrites 127.0.0.1), which is fine.
+    env = {**os.environ, **LOCAL_RAY_ENV, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "1"}
+    done = subprocess.run([ray_cli, *args], env=env, capture_output=True, text=True, timeout=120)
+    if done.returncode != 0:
+        raise RuntimeError(f"`ray {' '.join(args)}` failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
+
+
+@pytest.fixture(scope="session")
+def ray_address():
+    """A two-node Ray cluster (`ray start` head + worker on this machine); stopped at the end."""
+    address = f"127.0.0.1:{RAY_PORT}"
+    common = ["--num-cpus=1", "--object-store-memory=200000000", "--disable-usage-stats"]
+    try:
+        _ray("start", "--head", f"--port={RAY_PORT}", "--include-dashboard=false",
+             f"--resources={json.dumps(NODE_RESOURCES['head'])}", *common)
+        _ray("start", f"--address={address}", f"--resources={json.dumps(NODE_RESOURCES['worker'])}", *common)
+        yield address
+    finally:
+        _ray("stop", "--force")
+
+
+def _placed_on(node_resource: str, ray_address: str | None) -> dict:
+    return {"placement": {"resources": {node_resource: 1}}} if ray_address else {}
 
 
 AUTOSCALING_DECISIONS = TEST_STATE / "autoscaling-decisions.jsonl"
@@ -22,7 +64,7 @@ BATCH_PREFILL_AUTOSCALING = {
 }
 
 
-def integration_config(model_dir: Path):
+def integration_config(model_dir: Path, ray_address: str | None = None):
     from cluster.config import ClusterConfig
 
     # Compact JSON (no free whitespace) keeps the random tiny model's constrained answers short.
@@ -36,32 +78,36 @@ def integration_config(model_dir: Path):
             "tiers": {
                 "interactive": {
                     # Two prefill engines, one per core, for the KV-aware routing test
-                    # (test_kv_router.py); half a CPU each so both fit beside decode.
-                    "prefill": {"replicas": 2, "num_cpus": 0.5, "cpu_binding": ["0", "1"], "engine": engine},
-                    "decode": {"replicas": 1, "num_cpus": 1, "cpu_binding": ["1"], "engine": engine},
+                    # (test_kv_router.py); half a CPU each so both fit on the head node.
+                    "prefill": {"replicas": 2, "num_cpus": 0.5, "cpu_binding": ["0", "1"], "engine": engine,
+                                **_placed_on("node_prefill", ray_address)},
+                    "decode": {"replicas": 1, "num_cpus": 1, "cpu_binding": ["1"], "engine": engine,
+                               **_placed_on("node_decode", ray_address)},
                 },
                 # A small second tier (issue 4), chosen per request with the tier header. Its
                 # prefill pool autoscales 1..2 with short delays (test_tiers_autoscaling.py).
                 # num_cpus 0: the interactive engines hold all of Ray's CPUs; batch shares the cores.
                 "batch": {
                     "prefill": {"replicas": 1, "num_cpus": 0, "cpu_binding": ["0", "1"], "engine": engine,
-                                "autoscaling": BATCH_PREFILL_AUTOSCALING},
-                    "decode": {"replicas": 1, "num_cpus": 0, "cpu_binding": ["1"], "engine": engine},
+                                "autoscaling": BATCH_PREFILL_AUTOSCALING,
+                                **_placed_on("node_prefill", ray_address)},
+                    "decode": {"replicas": 1, "num_cpus": 0, "cpu_binding": ["1"], "engine": engine,
+                               **_placed_on("node_decode", ray_address)},
                     "slo": {"ttft_s": 10, "itl_s": 1},
                 },
             },
             # Short, so the prefill-outage test falls back quickly.
             "kv_transfer": {"prefill_timeout_s": 5},
-            "ray": {"num_cpus": 2},
+            "ray": {"address": ray_address} if ray_address else {"num_cpus": 2},
         }
     )
 
 
 @pytest.fixture(scope="session")
-def cluster(tiny_model_dir):
+def cluster(tiny_model_dir, ray_address):
     from cluster.local import LocalCluster
 
-    local = LocalCluster(integration_config(tiny_model_dir), cache_dir=TEST_STATE / "cache")
+    local = LocalCluster(integration_config(tiny_model_dir, ray_address), cache_dir=TEST_STATE / "cache")
     local.start(ready_timeout_s=600)
     yield local
     local.stop()

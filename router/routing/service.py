@@ -101,7 +101,7 @@ class KVRouter:
                 self._subscribers[worker_id] = sub
                 log.info("following KV events of %s at %s", worker_id, endpoint)
         for worker_id in [w for w in self._subscribers if w not in live]:
-            self._subscribers.pop(worker_id).stop()
+            await asyncio.to_thread(self._subscribers.pop(worker_id).stop)  # joins its thread
             try:
                 await asyncio.to_thread(self._index.remove_worker, worker_id)
             except IndexUnavailable:

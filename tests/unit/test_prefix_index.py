@@ -118,3 +118,33 @@ def test_subscriber_stops():
     sub.stop()
     sub.stop()  # idempotent
     pub.close()
+
+
+def test_router_follows_workers_that_join_and_forgets_those_that_leave():
+    """A replica's routing stats appearing in its pool directory is all it takes to join; when
+    it leaves the directory, its index entries go."""
+    import asyncio
+    import random
+
+    from cluster.protocol import EngineRequest, SamplingSettings
+    from router.routing.decider import PDDecider
+    from router.routing.directory import PoolDirectory, ReplicaInfo
+    from router.routing.service import KVRouter
+
+    pub = FakeKVEventPublisher()
+    index = MemoryPrefixIndex()
+    prefill = PoolDirectory()
+    router = KVRouter(directories={("interactive", "prefill"): prefill}, index=index, weights={"prefix": 1.0},
+                      decider=PDDecider(0), rng=random.Random(0), clock=iter(range(0, 10**6, 10)).__next__)
+    req = EngineRequest("r", tuple(range(8)), SamplingSettings(max_tokens=1))
+    try:
+        prefill.set_replicas([ReplicaInfo("p1", 4, {"worker_id": "interactive-prefill-p1", "block_size": 4,
+                                                    "kv_events": pub.endpoint, "kv_replay": pub.replay_endpoint})])
+        asyncio.run(router.route(req, "interactive"))  # starts following p1's events
+        wait_for(lambda: (pub.publish([stored(1)]), index.match([1]) == {"interactive-prefill-p1": 1})[1])
+        prefill.set_replicas([])
+        asyncio.run(router.route(req, "interactive"))
+        assert index.match([1]) == {}
+    finally:
+        router.close()
+        pub.close()

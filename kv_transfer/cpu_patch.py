@@ -9,8 +9,8 @@ CPU ~92% → 0%, TTFT -35..50%, transfers unchanged):
    node, ignoring VLLM_CPU_OMP_THREADS_BIND, so a prefill engine computes on decode's core.
    We restore the affinity the thread had before the connector was built.
 
-It is loaded as a vLLM general plugin (entry point in pyproject.toml), so it runs in every
-vLLM process, including the EngineCore child. It acts only where the engine wrapper set
+It is loaded through tandem's vLLM general plugin (cluster/vllm_plugin.py), so it runs in
+every vLLM process, including the EngineCore child. It acts only where the engine wrapper set
 TANDEM_NIXL_CPU_PATCH=1, which it never does with a GPU.
 """
 
@@ -27,7 +27,7 @@ _applied = False
 
 
 def register() -> None:
-    """vLLM general-plugin entry point."""
+    """Called by cluster.vllm_plugin in every vLLM process."""
     if os.environ.get(ENV_FLAG) == "1":
         apply()
 

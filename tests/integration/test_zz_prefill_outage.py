@@ -7,6 +7,7 @@ import re
 import time
 
 import httpx
+import psutil
 import pytest
 
 from tests.integration.conftest import MODEL_NAME
@@ -35,18 +36,43 @@ def _kill_prefill_replicas() -> int:
     return killed
 
 
+def _prefill_engine_processes() -> list[psutil.Process]:
+    """vLLM's EngineCore and worker processes under the interactive prefill replicas."""
+    children = []
+    for proc in psutil.process_iter(["cmdline"]):
+        cmd = " ".join(proc.info["cmdline"] or [])
+        if cmd.startswith("ray::") and "interactive-prefill" in cmd:
+            children += proc.children(recursive=True)
+    return children
+
+
+def _alive(proc: psutil.Process) -> bool:
+    try:
+        return proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
 def test_requests_complete_while_prefill_is_down_and_after_it_returns(base_url):
     baseline = httpx.post(f"{base_url}/v1/completions", json=BODY, timeout=120)
     assert baseline.status_code == 200
     expected = baseline.json()["choices"][0]["text"]
     fallbacks_before = _route_count(base_url, "fallback_recompute")
 
+    engine_processes = _prefill_engine_processes()
+    assert engine_processes, "expected vLLM child processes under the prefill replicas"
     assert _kill_prefill_replicas() == 2  # both interactive prefill replicas (conftest)
     for _ in range(3):
         resp = httpx.post(f"{base_url}/v1/completions", json=BODY, timeout=120)
         assert resp.status_code == 200, resp.text
         assert resp.json()["choices"][0]["text"] == expected  # recomputed, same greedy output
     assert _route_count(base_url, "fallback_recompute") >= fallbacks_before + 3
+
+    # A SIGKILLed replica cannot shut its engine down; its vLLM children must not outlive it.
+    deadline = time.monotonic() + 60
+    while any(_alive(p) for p in engine_processes) and time.monotonic() < deadline:
+        time.sleep(1)
+    assert not [p.pid for p in engine_processes if _alive(p)], "orphaned vLLM processes"
 
     # Serve replaces the replica; once healthy, requests take the disaggregated path again.
     deadline = time.monotonic() + 240

@@ -1,0 +1,50 @@
+"""tandem's vLLM general plugin: runs in every vLLM process (the replica, its EngineCore
+child and the model worker), loaded by vLLM through the entry point in pyproject.toml.
+
+What it does, each only where the engine wrapper asked for it in the environment:
+- TANDEM_EXIT_WITH_PARENT=1: a vLLM child exits when its parent dies. A replica killed with
+  SIGKILL (a crash, the OOM killer, `ray.kill`) cannot shut its engine down, and vLLM's
+  EngineCore and worker would otherwise live on as orphans, holding memory and the NIXL port.
+- TANDEM_NIXL_CPU_PATCH=1: the NIXL CPU-host patch (kv_transfer/cpu_patch.py).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+
+EXIT_WITH_PARENT = "TANDEM_EXIT_WITH_PARENT"
+POLL_S = 1.0
+GRACE_S = 10.0
+
+
+def register() -> None:
+    if os.environ.get(EXIT_WITH_PARENT) == "1":
+        watch_parent()
+    from kv_transfer import cpu_patch
+
+    cpu_patch.register()
+
+
+_watching = False
+
+
+def watch_parent() -> None:
+    """Start (once per process) a daemon thread that ends this process when its parent dies:
+    SIGTERM first so vLLM shuts down cleanly and frees its shared memory, SIGKILL if it hangs."""
+    global _watching
+    if _watching:
+        return
+    _watching = True
+    parent = os.getppid()
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(POLL_S)
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(GRACE_S)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    threading.Thread(target=watch, name="tandem-exit-with-parent", daemon=True).start()

@@ -91,6 +91,8 @@ def engine_environment(spec: EngineSpec) -> dict[str, str]:
     env = {
         # The EngineCore runs in its own process; only then does vLLM apply the OMP binding.
         "VLLM_ENABLE_V1_MULTIPROCESSING": "1",
+        # vLLM's children die with the replica even when it is SIGKILLed (cluster/vllm_plugin.py).
+        "TANDEM_EXIT_WITH_PARENT": "1",
     }
     if spec.cpu_binding and not spec.on_gpu:
         env["VLLM_CPU_OMP_THREADS_BIND"] = spec.cpu_binding

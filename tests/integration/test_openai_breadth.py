@@ -119,9 +119,13 @@ def test_json_schema_holds_for_20_seeded_prompts_via_pd_and_decode_only(base_url
 def test_regex_holds_from_the_first_token_after_a_remote_prefill(base_url):
     body = {"model": MODEL_NAME, "prompt": "Give me a code:", "max_tokens": 24, "temperature": 1.0, "seed": 3,
             "structured_outputs": {"regex": PATTERN}, "stream": True}
+    before = _decode_stats()
     with httpx.stream("POST", f"{base_url}/v1/completions", json=body, timeout=180) as s:
         assert s.status_code == 200
         events = _sse(s)
+    after = _decode_stats()  # the prompt's KV came from the prefill engine: decode computed none
+    assert after.prompt_tokens_transferred > before.prompt_tokens_transferred
+    assert after.prompt_tokens_computed == before.prompt_tokens_computed
     deltas = [c["text"] for e in events for c in e["choices"] if c["text"]]
     assert deltas and deltas[0][0].isdigit(), deltas
     so_far = ""

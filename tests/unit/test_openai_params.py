@@ -175,3 +175,31 @@ def test_compact_json_limits_whitespace_in_forced_tool_calls(tiny_model_dir) -> 
     compact = ToolCalling("hermes", AutoTokenizer.from_pretrained(tiny_model_dir), compact_json=True)
     spec = compact.prepare(_req(tool_choice="required")).structured.spec
     assert '"max_whitespace_cnt": 1' in spec and '"max_whitespace_cnt": null' not in spec
+
+
+def test_openai_sdk_reads_logprobs_and_tool_calls(hermes) -> None:
+    """The openai SDK parses our bodies unchanged (typed objects, no validation errors)."""
+    from openai import OpenAI
+
+    from tests.fakes import FakeTokenizer
+
+    class EchoLast(FakeTokenizer):
+        def chat(self, messages, tools=None):
+            return self.encode(messages[-1]["content"])
+
+    client, _ = make_client(LogprobBackend(model_id=MODEL, max_model_len=512, tokenizer=EchoLast()),
+                            tool_calling=hermes)
+    sdk = OpenAI(base_url="http://testserver/v1", api_key="unused", http_client=client, max_retries=0)
+    out = sdk.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "abc"}], logprobs=True,
+                                      top_logprobs=0)
+    assert [t.token for t in out.choices[0].logprobs.content] == ["a", "b", "c"]
+    call = '<tool_call>{"name": "get_weather", "arguments": {"city": "Lima"}}</tool_call>'
+    out = sdk.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": call}], tools=[TOOL])
+    assert out.choices[0].finish_reason == "tool_calls"
+    assert out.choices[0].message.tool_calls[0].function.name == "get_weather"
+    stream = sdk.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": call}], tools=[TOOL],
+                                         stream=True)
+    calls = [tc for chunk in stream for tc in (chunk.choices[0].delta.tool_calls or [])]
+    assert [(c.index, c.function.name) for c in calls] == [(0, "get_weather")]
+    legacy = sdk.completions.create(model=MODEL, prompt="xy", logprobs=1, max_tokens=2)
+    assert legacy.choices[0].logprobs.tokens == ["x", "y"]

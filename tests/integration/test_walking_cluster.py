@@ -134,7 +134,9 @@ def test_models_and_health(base_url):
     assert [m["id"] for m in models["data"]] == [MODEL_NAME]
     health = httpx.get(f"{base_url}/health", timeout=30)
     assert health.status_code == 200
-    assert health.json()["pools"] == {"interactive-prefill": True, "interactive-decode": True}
+    pools = health.json()["pools"]
+    assert {"interactive-prefill", "interactive-decode"} <= set(pools)
+    assert all(pools.values()), pools
 
 
 def test_openai_sdk_works_unchanged(base_url):

@@ -88,12 +88,14 @@ class EngineReplica:
         return self.signals.sample()
 
     def describe(self) -> dict:
-        """Who this replica is: its engine id, NIXL side-channel port and CPU cores."""
+        """Who this replica is (engine id, NIXL side-channel port, CPU cores) and how many
+        prompt tokens it has computed: one call tells which replica served."""
         spec = self.engine.spec
         return {
             "worker_id": spec.worker_id,
             "nixl_port": spec.nixl.port if spec.nixl else None,
             "cpu_binding": spec.cpu_binding,
+            "prompt_tokens_computed": self.engine.stats().prompt_tokens_computed,
         }
 
     def record_routing_stats(self) -> dict:

@@ -220,6 +220,9 @@ class RoutingConfig(_Strict):
     # Scorer weights; scores are in [0, 1]. prefix: share of the prompt cached on the worker;
     # load: free request slots; kv_usage: free KV cache. Weight 0 switches a scorer off.
     weights: dict[Literal["prefix", "load", "kv_usage"], float] = {"prefix": 1.0, "load": 0.5, "kv_usage": 0.1}
+    # max_score: highest weighted score, random tie-break. round_robin / random ignore the
+    # scores: baselines for benchmarks (router/routing/tenant_bench.py), not for production.
+    picker: Literal["max_score", "round_robin", "random"] = "max_score"
     # P/D decider: send a request straight to decode when the part of its prompt the decode
     # engine has not cached is shorter than this many tokens. 0: always disaggregate.
     decode_only_below_tokens: int = Field(0, ge=0)

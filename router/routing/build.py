@@ -23,4 +23,4 @@ def build_kv_router(cfg: ClusterConfig) -> KVRouter:
         for tier in cfg.tiers for pool in ("prefill", "decode")
     }
     return KVRouter(directories=directories, index=index, weights=routing.weights,
-                    decider=PDDecider(routing.decode_only_below_tokens))
+                    decider=PDDecider(routing.decode_only_below_tokens), picker=routing.picker)

@@ -3,6 +3,8 @@
 Filters drop workers that must not get the request; scorers rate the rest in [0, 1]; the
 picker takes the highest weighted sum, ties broken at random (so equal workers share load).
 Weights come from the cluster YAML (`routing.weights`); a scorer with weight 0 is skipped.
+Two baseline pickers (`routing.picker`) ignore the scores, for benchmarks that compare
+routing policies: `round_robin` and `random` over the workers that pass the filters.
 """
 
 from __future__ import annotations
@@ -51,17 +53,32 @@ def kv_usage_score(worker: Worker, ctx: RouteContext) -> float:
 
 
 SCORERS: Mapping[str, Scorer] = {"prefix": prefix_score, "load": load_score, "kv_usage": kv_usage_score}
+PICKERS = ("max_score", "round_robin", "random")
 
 
 def pick(workers: Sequence[Worker], ctx: RouteContext, weights: Mapping[str, float],
-         rng: random.Random) -> Optional[Pick]:
-    """The best worker for the request, or None when no worker passes the hard filters."""
+         rng: random.Random, picker: str = "max_score", turn: int = 0) -> Optional[Pick]:
+    """The worker for the request, or None when no worker passes the hard filters.
+
+    `max_score`: the highest weighted sum, ties at random. `round_robin`: the candidates in
+    worker-id order, the `turn`-th (the caller counts its picks per pool). `random`: any
+    candidate. The baselines still report the chosen worker's scores, for metrics.
+    """
     candidates = [w for w in workers if all(f(w, ctx) for f in HARD_FILTERS)]
     relaxed = [w for w in candidates if all(f(w, ctx) for f in SOFT_FILTERS)]
     candidates = relaxed or candidates
     if not candidates:
         return None
     active = [(name, SCORERS[name], weight) for name, weight in weights.items() if weight > 0]
+    if picker != "max_score":
+        if picker == "round_robin":
+            chosen = sorted(candidates, key=lambda w: w.worker_id)[turn % len(candidates)]
+        elif picker == "random":
+            chosen = rng.choice(candidates)
+        else:
+            raise ValueError(f"unknown picker {picker!r}; pickers are {PICKERS}")
+        scores = {name: scorer(chosen, ctx) for name, scorer, _ in active}
+        return Pick(chosen, sum(weight * scores[name] for name, _, weight in active), scores)
     best: list[Worker] = []
     best_total = float("-inf")
     for worker in candidates:

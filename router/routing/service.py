@@ -58,12 +58,15 @@ def worker_from(info, tier: str, pool: str, deployment: str, in_flight: int) -> 
 class KVRouter:
     def __init__(self, *, directories: Mapping[tuple[str, str], PoolDirectory], index: Optional[PrefixIndex],
                  weights: Mapping[str, float], decider: PDDecider, subscribe: bool = True,
-                 rng: Optional[random.Random] = None, clock: Callable[[], float] = time.monotonic):
+                 rng: Optional[random.Random] = None, clock: Callable[[], float] = time.monotonic,
+                 picker: str = "max_score"):
         # directories: (tier, pool) → the PoolDirectory of that deployment ("interactive", "prefill").
         self._directories = dict(directories)
         self._index = index
         self._weights = dict(weights)
         self._decider = decider
+        self._picker = picker  # pipeline.PICKERS; the baselines exist for benchmarks
+        self._turns: dict[tuple[str, str], int] = {}  # (tier, pool) → picks so far, for round_robin
         self._subscribe = subscribe and index is not None
         self._rng = rng or random.Random()
         self._clock = clock
@@ -147,10 +150,10 @@ class KVRouter:
         num_blocks, matches, index_ok = await self._matches(request.prompt_token_ids, decode_workers + prefill_workers)
         ctx = RouteContext(tier=tier, prompt_tokens=len(request.prompt_token_ids),
                            num_blocks=num_blocks, matches=matches)
-        decode = pick(decode_workers, ctx, self._weights, self._rng)
+        decode = self._pick(decode_workers, ctx, tier, "decode")
         decode_hit = _hit_tokens(decode, ctx)
         skip = decode is not None and self._decider.skip_prefill(ctx.prompt_tokens, decode_hit)
-        prefill = None if skip else pick(prefill_workers, ctx, self._weights, self._rng)
+        prefill = None if skip else self._pick(prefill_workers, ctx, tier, "prefill")
         hit = decode_hit if skip else _hit_tokens(prefill, ctx)
         if not index_ok:
             reason = "index_unavailable"
@@ -166,6 +169,11 @@ class KVRouter:
         metrics.PROMPT_TOKENS.labels(tier=tier).inc(ctx.prompt_tokens)
         metrics.DECISION_SECONDS.observe(time.perf_counter() - started)
         return decision
+
+    def _pick(self, workers: list[Worker], ctx: RouteContext, tier: str, pool: str) -> Optional[Pick]:
+        turn = self._turns.get((tier, pool), 0)
+        self._turns[(tier, pool)] = turn + 1
+        return pick(workers, ctx, self._weights, self._rng, self._picker, turn)
 
     @contextlib.contextmanager
     def dispatch(self, chosen: Optional[Pick], request_id: str) -> Iterator[None]:

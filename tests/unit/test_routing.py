@@ -183,3 +183,19 @@ def test_decider_sends_prompts_mostly_cached_on_decode_straight_to_decode():
     assert decision.predicted_hit_tokens == 36
     short = asyncio.run(kv_router(MemoryPrefixIndex(), decider=PDDecider(8)).route(request(PROMPT[:6]), "interactive"))
     assert short.skip_prefill
+
+
+def test_baseline_pickers_ignore_scores():
+    workers = [w("b"), w("a"), w("c", healthy=False)]
+    turns = [pick(workers, ctx(b=10), WEIGHTS, random.Random(0), "round_robin", t).worker.worker_id for t in range(4)]
+    assert turns == ["a", "b", "a", "b"]  # worker-id order, unhealthy filtered, prefix ignored
+    rng = random.Random(0)
+    counts = Counter(pick(workers, ctx(b=10), WEIGHTS, rng, "random").worker.worker_id for _ in range(200))
+    assert set(counts) == {"a", "b"} and min(counts.values()) > 60
+    router = KVRouter(directories={("interactive", "prefill"): directory("p1", "p2"),
+                                   ("interactive", "decode"): directory("d1", pool="decode")},
+                      index=MemoryPrefixIndex(), weights=WEIGHTS, decider=PDDecider(0), subscribe=False,
+                      picker="round_robin")
+    chosen = [asyncio.run(router.route(request(PROMPT, f"r{i}"), "interactive")).prefill.worker.replica_id
+              for i in range(4)]
+    assert chosen == ["p1", "p2", "p1", "p2"]

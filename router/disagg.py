@@ -104,6 +104,7 @@ class DisaggregatedBackend:
             # The retry goes wherever Serve sends it: the chosen replica may be the broken one.
             routed = decision if attempt == 1 else None
             started = False
+            stream = None
             try:
                 with self._dispatch(routed, "decode", request.request_id):
                     stream = pools.decode.options(stream=True).generate.remote(request, handoff)
@@ -112,7 +113,8 @@ class DisaggregatedBackend:
                         yield chunk
                 return
             except (asyncio.CancelledError, GeneratorExit):
-                stream.cancel()
+                if stream is not None:  # cancelled before the decode call was made: nothing to cancel
+                    stream.cancel()
                 raise
             except Exception:
                 if started or attempt == 2:

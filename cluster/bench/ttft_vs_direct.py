@@ -15,7 +15,6 @@ import argparse
 import json
 import os
 import platform
-import statistics
 import subprocess
 import sys
 import time
@@ -24,6 +23,7 @@ from pathlib import Path
 import httpx
 import psutil
 
+from cluster.bench.stats import latency_summary
 from cluster.config import ClusterConfig
 from cluster.local import LocalCluster
 
@@ -75,13 +75,6 @@ def replica_memory_mib() -> dict[str, float]:
     return out
 
 
-def summary(values: list[float]) -> dict[str, float]:
-    ordered = sorted(values)
-    return {"p50_ms": round(statistics.median(ordered), 2),
-            "p90_ms": round(ordered[int(0.9 * (len(ordered) - 1))], 2),
-            "mean_ms": round(statistics.fmean(ordered), 2), "n": len(ordered)}
-
-
 def run_cluster(cfg: ClusterConfig, n: int) -> dict:
     cluster = LocalCluster(cfg)
     t0 = time.monotonic()
@@ -93,7 +86,7 @@ def run_cluster(cfg: ClusterConfig, n: int) -> dict:
         ttft = measure_ttft(cluster.url, cfg.model.served_name, n)
     finally:
         cluster.stop()
-    return {"cold_start_to_ready_s": round(cold_start, 1), "memory_pss_mib": memory, "ttft": summary(ttft),
+    return {"cold_start_to_ready_s": round(cold_start, 1), "memory_pss_mib": memory, "ttft": latency_summary(ttft),
             "ttft_ms": [round(v, 2) for v in ttft]}
 
 
@@ -127,7 +120,7 @@ def run_direct(cfg: ClusterConfig, n: int) -> dict:
     finally:
         proc.terminate()
         proc.wait(60)
-    return {"cold_start_to_ready_s": round(cold_start, 1), "memory_pss_mib": memory, "ttft": summary(ttft),
+    return {"cold_start_to_ready_s": round(cold_start, 1), "memory_pss_mib": memory, "ttft": latency_summary(ttft),
             "ttft_ms": [round(v, 2) for v in ttft]}
 
 

@@ -36,6 +36,7 @@ from pathlib import Path
 import httpx
 import psutil
 
+from cluster.bench.stats import latency_summary
 from cluster.config import ClusterConfig
 from cluster.local import LocalCluster
 
@@ -160,14 +161,6 @@ async def replay(url: str, model: str, trace: list[Request], max_tokens: int) ->
             [f"{type(x).__name__}: {x}" for x in results if isinstance(x, BaseException)])
 
 
-def summary(values: list[float]) -> dict:
-    ordered = sorted(values)
-    if not ordered:
-        return {"n": 0}
-    return {"p50_ms": round(statistics.median(ordered), 1), "p90_ms": round(ordered[int(0.9 * (len(ordered) - 1))], 1),
-            "mean_ms": round(statistics.fmean(ordered), 1), "n": len(ordered)}
-
-
 def run_mode(name: str, cfg: ClusterConfig, trace: list[Request], max_tokens: int, seed: int) -> dict:
     print(f"[bench] mode {name}: routing {cfg.routing.model_dump(include={'weights', 'picker'})}", flush=True)
     cluster = LocalCluster(cfg)
@@ -194,7 +187,7 @@ def run_mode(name: str, cfg: ClusterConfig, trace: list[Request], max_tokens: in
     total = cached + sum(e["computed"] for e in per_engine.values())
     out = {"routing": cfg.routing.model_dump(include={"weights", "picker"}),
            "hit_rate": round(cached / total, 4) if total else None, "prompt_tokens_cached": cached,
-           "prompt_tokens_total": total, "per_prefill_engine": per_engine, "ttft": summary(ttft),
+           "prompt_tokens_total": total, "per_prefill_engine": per_engine, "ttft": latency_summary(ttft, digits=1),
            "ttft_ms": [round(v, 1) for v in ttft], "errors": errors, "cold_start_s": round(ready_s, 1),
            "trace_s": round(trace_s, 1)}
     print(f"[bench] {name}: hit rate {out['hit_rate']}, TTFT {out['ttft']}, errors {len(errors)}", flush=True)

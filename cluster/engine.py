@@ -85,6 +85,9 @@ class EngineStats:
     requests_running: float
     requests_waiting: float
     kv_cache_usage: float
+    # Sum of NIXL transfer durations this engine measured (vLLM's nixl_xfer_time histogram):
+    # with kv_transfers, the share of TTFT spent moving KV (cluster/bench/ttft_vs_direct.py).
+    kv_transfer_seconds: float = 0.0
 
 
 def engine_environment(spec: EngineSpec) -> dict[str, str]:
@@ -276,6 +279,7 @@ class VLLMEngine:
             requests_running=values.get(("vllm:num_requests_running", None), 0.0),
             requests_waiting=values.get(("vllm:num_requests_waiting", None), 0.0),
             kv_cache_usage=values.get(("vllm:kv_cache_usage_perc", None), 0.0),
+            kv_transfer_seconds=values.get(("vllm:nixl_xfer_time_seconds_sum", None), 0.0),
         )
 
     def cache_layout(self) -> dict[str, Any]:

@@ -289,6 +289,10 @@ class AuthConfig(_Strict):
 class RayConfig(_Strict):
     address: Optional[str] = Field(None, description="Existing cluster; None starts a local one.")
     num_cpus: Optional[int] = Field(None, ge=1)
+    metrics_export_port: int = Field(
+        8080, ge=1, le=65535,
+        description="Where a local Ray serves every tandem, engine and Serve metric for Prometheus "
+                    "(KubeRay's pods use 8080 too). Ignored with `address`: that cluster has its own.")
 
 
 class ClusterConfig(_Strict):

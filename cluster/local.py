@@ -57,6 +57,7 @@ class LocalCluster:
                 address=self.cfg.ray.address,
                 num_cpus=self.cfg.ray.num_cpus if self.cfg.ray.address is None else None,
                 include_dashboard=False,
+                _metrics_export_port=self.cfg.ray.metrics_export_port if self.cfg.ray.address is None else None,
                 runtime_env={"env_vars": env},
                 logging_level="warning",
             )
@@ -81,6 +82,8 @@ class LocalCluster:
         finally:
             done.set()
         self.progress(f"[tandem] ready in {time.monotonic() - t0:.0f} s at {self.url}")
+        if self._started_ray and self.cfg.ray.address is None:
+            self.progress(f"[tandem] metrics for Prometheus: http://127.0.0.1:{self.cfg.ray.metrics_export_port}/metrics")
         return self
 
     def _report_progress(self, done: threading.Event, t0: float) -> None:

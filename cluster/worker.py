@@ -13,7 +13,8 @@ from typing import Optional
 
 from cluster.autoscaling.signals import ReplicaSignals
 from cluster.config import ClusterConfig
-from cluster.engine import EngineSpec, EngineStats, KVEventsEndpoint, VLLMEngine
+from cluster.engine import EngineSpec, EngineStats, KVEventsEndpoint, VLLMEngine, _read_vllm_metrics
+from cluster.engine_metrics import EngineMetricsExporter
 from kv_transfer.nixl import KVRole, NixlEndpoint, free_port
 
 
@@ -71,10 +72,21 @@ def build_engine_spec(cfg: ClusterConfig, tier: str, role: KVRole) -> EngineSpec
 
 
 class EngineReplica:
-    """Base of the prefill and decode deployments: owns one engine for the replica's life."""
+    """Base of the prefill and decode deployments: owns one engine for the replica's life.
+
+    A subclass's __init__ sets `self.engine`, then calls `export_metrics(tier)`; Serve then
+    calls the hooks below; `__del__` stops the metrics and shuts the engine down.
+    """
 
     engine: VLLMEngine
     _signals: Optional[ReplicaSignals] = None
+    _metrics: Optional[EngineMetricsExporter] = None
+
+    def export_metrics(self, tier: str) -> None:
+        """Publish this engine's metrics (labelled tier, pool, replica) every 2 s."""
+        spec = self.engine.spec
+        pool = "prefill" if spec.kv_role == "kv_producer" else "decode"
+        self._metrics = EngineMetricsExporter(tier, pool, spec.worker_id, _read_vllm_metrics).start()
 
     @property
     def signals(self) -> ReplicaSignals:
@@ -123,6 +135,8 @@ class EngineReplica:
     def __del__(self):
         # Serve calls __del__ on graceful teardown; without it the EngineCore child and its
         # /dev/shm segments outlive the replica.
+        if self._metrics is not None:
+            self._metrics.stop()
         engine = getattr(self, "engine", None)
         if engine is not None:
             engine.shutdown()

@@ -23,6 +23,7 @@ class DecodeWorker(EngineReplica):
     def __init__(self, cfg: ClusterConfig, tier: str):
         self.model = cfg.model.served_name
         self.engine = VLLMEngine(build_engine_spec(cfg, tier, "kv_consumer"))
+        self.export_metrics(tier)
 
     async def generate(self, request: EngineRequest, handoff: Optional[Handoff]) -> AsyncIterator[TokenChunk]:
         params = None

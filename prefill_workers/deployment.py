@@ -15,6 +15,7 @@ from cluster.worker import EngineReplica, build_engine_spec
 class PrefillWorker(EngineReplica):
     def __init__(self, cfg: ClusterConfig, tier: str):
         self.engine = VLLMEngine(build_engine_spec(cfg, tier, "kv_producer"))
+        self.export_metrics(tier)
 
     async def prefill(self, request: EngineRequest) -> PrefillResult:
         with self.signals.pending_prompt(len(request.prompt_token_ids)):  # autoscaling signal

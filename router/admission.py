@@ -18,12 +18,12 @@ import asyncio
 from collections import deque
 from typing import Any, AsyncIterator, Mapping
 
-from prometheus_client import Counter, Gauge
+from cluster.metrics import Counter, Gauge
 
 from cluster.protocol import EngineRequest, TokenChunk
 from router.openai.errors import too_many_requests
 
-REJECTED = Counter("tandem_admission_rejected_total", "Requests refused with 429, by tier and why.", ["tier", "reason"])
+REJECTED = Counter("tandem_admission_rejected", "Requests refused with 429, by tier and why.", ["tier", "reason"])
 RUNNING = Gauge("tandem_admission_running", "Admitted requests in the pools, by tier.", ["tier"])
 QUEUED = Gauge("tandem_admission_queued", "Requests waiting for admission, by tier.", ["tier"])
 

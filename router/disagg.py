@@ -18,24 +18,45 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from dataclasses import dataclass
+import time
 from typing import Any, AsyncIterator, Optional
 
-from prometheus_client import Counter
-
+from cluster.metrics import Counter, Histogram
 from cluster.protocol import EngineRequest, TierPools, TokenChunk
 from kv_transfer.handoff import Handoff, HandoffMismatch
-from router.routing.types import RouteDecision
+from router.routing.types import Pick, RouteDecision
 
 log = logging.getLogger(__name__)
 
 ROUTES = Counter(
-    "tandem_route_total",
-    "Requests by serving path: disaggregated, or recomputed on decode and why.",
-    ["path", "reason"],
+    "tandem_route",
+    "Requests by serving path (disaggregated, decode_only, fallback_recompute with why, router_error).",
+    ["tier", "path", "reason"],
 )
-DECODE_RETRIES = Counter("tandem_decode_retries_total", "Decode hops retried before the first token.")
+DECODE_RETRIES = Counter("tandem_decode_retries", "Decode hops retried before the first token.", ["tier"])
+PREFILL_HOP_SECONDS = Histogram(
+    "tandem_prefill_hop_seconds",
+    "The prefill hop: gateway to prefill replica, which computes the prompt's KV, and the handoff back (successful hops).",
+    ["tier"],
+)
+DECODE_FIRST_TOKEN_SECONDS = Histogram(
+    "tandem_decode_first_token_seconds",
+    "The decode hop until its first token: the KV pull over NIXL (path disaggregated) or the prompt's "
+    "computation on decode (decode_only, fallback_recompute), plus one decode step.",
+    ["tier", "path"],
+)
 
 HEALTH_TIMEOUT_S = 5.0
+
+
+@dataclass(frozen=True)
+class _Hop:
+    """A hop of a request now in flight: the pool's handle and the replica it was routed to
+    (None: Serve picked, so we do not know which)."""
+
+    handle: Any
+    pick: Optional[Pick]
 
 
 class DisaggregatedBackend:
@@ -50,6 +71,9 @@ class DisaggregatedBackend:
         self._default_tier = default_tier
         self._prefill_timeout_s = prefill_timeout_s
         self._router = router  # a KVRouter, or None: Serve's own replica choice
+        # request_id → pool → the hop in flight; `abort` sends each abort where its hop went.
+        self._hops: dict[str, dict[str, _Hop]] = {}
+        self._aborts: set[asyncio.Task] = set()  # fire-and-forget aborts, kept from the GC
 
     def _tier(self, request: EngineRequest) -> TierPools:
         return self._pools[request.tier or self._default_tier]
@@ -57,12 +81,14 @@ class DisaggregatedBackend:
     async def _handoff(self, request: EngineRequest, prefill: Any) -> Optional[Handoff]:
         """Run the prefill hop; None means: decode computes the prompt itself."""
         reason = None
+        tier = request.tier or self._default_tier
+        started = time.perf_counter()
         try:
             result = await asyncio.wait_for(prefill.prefill.remote(request), timeout=self._prefill_timeout_s)
             handoff = Handoff.from_prefill(self.model_id, result.kv_transfer_params)
         except asyncio.TimeoutError:
             reason = "prefill_timeout"
-            prefill.abort.remote(request.request_id)
+            self._abort_later(request.request_id, "prefill")
         except HandoffMismatch as exc:
             reason = "bad_handoff"
             log.warning("request %s: %s", request.request_id, exc)
@@ -71,9 +97,10 @@ class DisaggregatedBackend:
             log.warning("request %s: prefill failed (%s: %s); recomputing on decode",
                         request.request_id, type(exc).__name__, exc)
         if reason is not None:
-            ROUTES.labels(path="fallback_recompute", reason=reason).inc()
+            ROUTES.labels(tier=tier, path="fallback_recompute", reason=reason).inc()
             return None
-        ROUTES.labels(path="disaggregated", reason="").inc()
+        PREFILL_HOP_SECONDS.labels(tier=tier).observe(time.perf_counter() - started)
+        ROUTES.labels(tier=tier, path="disaggregated", reason="").inc()
         return handoff
 
     async def _route(self, request: EngineRequest) -> Optional[RouteDecision]:
@@ -83,33 +110,56 @@ class DisaggregatedBackend:
             return await self._router.route(request, request.tier or self._default_tier)
         except Exception:  # routing must never fail a request
             log.exception("request %s: routing failed; Serve picks the replicas", request.request_id)
-            ROUTES.labels(path="router_error", reason="").inc()
+            ROUTES.labels(tier=request.tier or self._default_tier, path="router_error", reason="").inc()
             return None
 
-    def _dispatch(self, decision: Optional[RouteDecision], pool: str, request_id: str):
-        if decision is None:
+    @contextlib.contextmanager
+    def _dispatch(self, decision: Optional[RouteDecision], pool: str, request: EngineRequest):
+        """Around one hop: pin it to the routed replica, and remember where it went until it ends."""
+        pick = None if decision is None else (decision.prefill if pool == "prefill" else decision.decode)
+        hop = _Hop(getattr(self._tier(request), pool), pick)
+        hops = self._hops.setdefault(request.request_id, {})
+        hops[pool] = hop
+        try:
+            with self._pinned(pick, request.request_id):
+                yield
+        finally:
+            if hops.get(pool) is hop:
+                del hops[pool]
+            if not hops:
+                self._hops.pop(request.request_id, None)
+
+    def _pinned(self, pick: Optional[Pick], request_id: str):
+        if pick is None or self._router is None:
             return contextlib.nullcontext()
-        return self._router.dispatch(decision.prefill if pool == "prefill" else decision.decode, request_id)
+        return self._router.dispatch(pick, request_id)
 
     async def generate(self, request: EngineRequest) -> AsyncIterator[TokenChunk]:
         pools = self._tier(request)
+        tier = request.tier or self._default_tier
         decision = await self._route(request)
         if decision is not None and decision.skip_prefill:
             handoff = None  # the P/D decider: decode computes the short uncached part itself
-            ROUTES.labels(path="decode_only", reason="").inc()
+            path = "decode_only"
+            ROUTES.labels(tier=tier, path=path, reason="").inc()
         else:
-            with self._dispatch(decision, "prefill", request.request_id):
+            with self._dispatch(decision, "prefill", request):
                 handoff = await self._handoff(request, pools.prefill)
+            path = "disaggregated" if handoff is not None else "fallback_recompute"
         for attempt in (1, 2):
             # The retry goes wherever Serve sends it: the chosen replica may be the broken one.
             routed = decision if attempt == 1 else None
             started = False
             stream = None
+            decode_called = time.perf_counter()
             try:
-                with self._dispatch(routed, "decode", request.request_id):
+                with self._dispatch(routed, "decode", request):
                     stream = pools.decode.options(stream=True).generate.remote(request, handoff)
                     async for chunk in stream:
-                        started = True
+                        if not started:
+                            started = True
+                            DECODE_FIRST_TOKEN_SECONDS.labels(tier=tier, path=path).observe(
+                                time.perf_counter() - decode_called)
                         yield chunk
                 return
             except (asyncio.CancelledError, GeneratorExit):
@@ -119,13 +169,29 @@ class DisaggregatedBackend:
             except Exception:
                 if started or attempt == 2:
                     raise
-                DECODE_RETRIES.inc()
+                DECODE_RETRIES.labels(tier=tier).inc()
                 log.warning("request %s: decode failed before the first token; retrying", request.request_id)
 
     async def abort(self, request_id: str) -> None:
-        # The edge does not say which tier a request ran in; aborting an unknown id is a no-op.
-        handles = [h for pools in self._pools.values() for h in (pools.decode, pools.prefill)]
-        await asyncio.gather(*(h.abort.remote(request_id) for h in handles), return_exceptions=True)
+        """Abort the request on the replicas of its hops in flight. A finished prefill hop holds
+        nothing to abort (its KV waits for decode's pull, or decode's abort frees it); an
+        unknown id has nothing in flight."""
+        hops = list(self._hops.get(request_id, {}).values())
+        await asyncio.gather(*(self._abort_hop(hop, request_id) for hop in hops), return_exceptions=True)
+
+    async def _abort_hop(self, hop: _Hop, request_id: str) -> None:
+        # Pinned like the hop itself: with several replicas in a pool, Serve's own pick would
+        # often land on a replica that does not hold the request (abort of an unknown id: no-op).
+        with self._pinned(hop.pick, request_id):
+            await hop.handle.abort.remote(request_id)
+
+    def _abort_later(self, request_id: str, pool: str) -> None:
+        hop = self._hops.get(request_id, {}).get(pool)
+        if hop is None:
+            return
+        task = asyncio.ensure_future(self._abort_hop(hop, request_id))
+        self._aborts.add(task)
+        task.add_done_callback(self._aborts.discard)
 
     async def health(self) -> dict[str, Any]:
         """Ready only when every pool of every tier answers."""

@@ -4,8 +4,6 @@ asks Ray for no CPU (on 2 cores, a CPU for it would leave an engine replica pend
 
 from __future__ import annotations
 
-from fastapi import Response
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from ray import serve
 
 from cluster.config import ClusterConfig
@@ -16,6 +14,7 @@ from router.disagg import DisaggregatedBackend
 from router.openai.app import build_openai_app
 from router.openai.tokenizer import PromptTokenizer
 from router.openai.tools import ToolCalling
+from router.request_metrics import HttpMetricsMiddleware, MeasuredBackend
 from router.routing.build import build_kv_router
 
 
@@ -41,15 +40,15 @@ class Gateway:
         self.admission = AdmissionControl(
             self.backend, {tier: t.admission for tier, t in cfg.tiers.items()}, cfg.default_tier
         )
+        # Outermost, so TTFT includes the admission queue and 429s count as outcomes.
+        self.measured = MeasuredBackend(self.admission, cfg.default_tier)
 
     def __serve_build_asgi_app__(self):
+        # No /metrics here: metrics are Ray metrics, on each Ray node's metrics port, never
+        # on the public API port (cluster/metrics.py).
         app = build_openai_app(
-            self.admission, max_body_bytes=self.cfg.gateway.max_body_bytes, authenticate=self.auth.tier_of,
+            self.measured, max_body_bytes=self.cfg.gateway.max_body_bytes, authenticate=self.auth.tier_of,
             tool_calling=self.tool_calling,
         )
-
-        @app.get("/metrics", include_in_schema=False)
-        def metrics() -> Response:
-            return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)
-
+        app.add_middleware(HttpMetricsMiddleware)
         return app

@@ -184,3 +184,106 @@ def stored(*hashes: int) -> dict:
 
 def removed(*hashes: int) -> dict:
     return {"type": "BlockRemoved", "block_hashes": list(hashes), "medium": "CPU"}
+
+
+class FakeServePool:
+    """A Ray Serve handle to one engine pool of named fake replicas, for DisaggregatedBackend.
+
+    It routes the way KVAwareRequestRouter does (router/routing/serve_router.py): a call goes
+    to the replica pinned for its request id in the PoolDirectory, else to Serve's own pick
+    (here: the replicas in turn). Every call is recorded as (method, request_id, replica).
+    `prefill.remote` answers a handoff (or hangs with `hang_prefill`); the decode stream
+    yields one token every 10 ms until cancelled.
+    """
+
+    def __init__(self, directory: Any, replica_ids: Sequence[str], hang_prefill: bool = False) -> None:
+        from router.routing.directory import ReplicaInfo
+
+        self.directory = directory
+        self.replica_ids = list(replica_ids)
+        self.hang_prefill = hang_prefill
+        directory.set_replicas([ReplicaInfo(r, 8) for r in self.replica_ids])
+        self.calls: list[tuple[str, str, str]] = []
+        self._turn = 0
+        self.prefill = _FakeMethod(self, "prefill")
+        self.abort = _FakeMethod(self, "abort")
+        self.generate = _FakeMethod(self, "generate")
+
+    def options(self, **_: Any) -> "FakeServePool":
+        return self
+
+    def route(self, method: str, request_id: str) -> str:
+        replica = self.directory.take_pin(request_id)
+        if replica is None:
+            replica = self.replica_ids[self._turn % len(self.replica_ids)]
+            self._turn += 1
+        self.calls.append((method, request_id, replica))
+        return replica
+
+    def replica_of(self, method: str, request_id: str) -> list[str]:
+        return [r for m, rid, r in self.calls if m == method and rid == request_id]
+
+
+class _FakeMethod:
+    def __init__(self, pool: FakeServePool, name: str) -> None:
+        self.pool = pool
+        self.name = name
+
+    def remote(self, *args: Any) -> Any:
+        request_id = args[0] if isinstance(args[0], str) else args[0].request_id
+        self.pool.route(self.name, request_id)
+        if self.name == "generate":
+            return _FakeStream()
+        return self._answer(request_id)
+
+    async def _answer(self, request_id: str) -> Any:
+        from cluster.protocol import PrefillResult
+
+        if self.name == "abort":
+            return None
+        if self.pool.hang_prefill:
+            await asyncio.Event().wait()
+        return PrefillResult(request_id, {"do_remote_prefill": True, "remote_port": 1}, "fake", 3)
+
+
+class _FakeStream:
+    def __init__(self) -> None:
+        self.cancelled = False
+
+    def cancel(self) -> None:
+        self.cancelled = True
+
+    def __aiter__(self) -> "_FakeStream":
+        return self
+
+    async def __anext__(self) -> TokenChunk:
+        await asyncio.sleep(0.01)
+        if self.cancelled:
+            raise StopAsyncIteration
+        return TokenChunk(text="a", token_ids=(1,))
+
+
+class RecordingMetric:
+    """Stands in for a cluster.metrics Counter/Histogram/Gauge: keeps every call, by labels."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[dict[str, str], str, float]] = []
+
+    def labels(self, *values: str, **labels: str) -> "RecordingMetric._Bound":
+        return RecordingMetric._Bound(self, labels)
+
+    def values(self, kind: str, **labels: str) -> list[float]:
+        return [v for lbl, k, v in self.calls if k == kind and all(lbl.get(x) == y for x, y in labels.items())]
+
+    class _Bound:
+        def __init__(self, parent: "RecordingMetric", labels: dict[str, str]) -> None:
+            self.parent, self.labels = parent, labels
+
+        def inc(self, amount: float = 1.0) -> None:
+            self.parent.calls.append((self.labels, "inc", amount))
+
+        def observe(self, value: float) -> None:
+            self.parent.calls.append((self.labels, "observe", value))
+
+        def set(self, value: float) -> None:
+            self.parent.calls.append((self.labels, "set", value))

@@ -21,10 +21,19 @@ from typing import Any, Optional
 
 from cluster.autoscaling import signals as s
 from cluster.autoscaling.policy import Decision, Observation, PolicyState, Role, Rules, decide
+from cluster.metrics import Counter, Gauge
 
 log = logging.getLogger("ray.serve")
 
 POLICY_FUNCTION = "cluster.autoscaling.serve_policy:PoolPolicy"
+
+# Recorded in Serve's controller, where the policy runs.
+SCALING_DECISIONS = Counter("tandem_autoscaling_decisions", "Changes of a pool's target replica count.",
+                            ["deployment", "direction"])
+TARGET_REPLICAS = Gauge("tandem_autoscaling_target_replicas", "The policy's target replicas per pool.",
+                        ["deployment"])
+CURRENT_REPLICAS = Gauge("tandem_autoscaling_current_replicas", "Running replicas per autoscaled pool.",
+                         ["deployment"])
 
 
 def observe(ctx: Any) -> Observation:
@@ -64,7 +73,11 @@ class PoolPolicy:
     def __call__(self, ctx: Any) -> tuple[int, dict[str, Any]]:
         obs = observe(ctx)
         decision, state = decide(self.rules, obs, PolicyState.from_dict(ctx.policy_state or {}))
+        TARGET_REPLICAS.labels(deployment=ctx.deployment_name).set(decision.target)
+        CURRENT_REPLICAS.labels(deployment=ctx.deployment_name).set(obs.replicas)
         if decision.target != obs.target:
+            direction = "up" if decision.target > obs.target else "down"
+            SCALING_DECISIONS.labels(deployment=ctx.deployment_name, direction=direction).inc()
             log.info("autoscaling %s: %d -> %d replicas (%s)", ctx.deployment_name, obs.target,
                      decision.target, decision.reason)
         self._record(ctx.deployment_name, obs, decision)

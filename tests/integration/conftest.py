@@ -10,9 +10,12 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
+import time
 from pathlib import Path
+from typing import Optional
 
 import pytest
 
@@ -22,6 +25,8 @@ GATEWAY_PORT = 8765
 MODEL_NAME = "tiny-llama"
 MAX_MODEL_LEN = 512
 RAY_PORT = 6391  # GCS of the two-node test cluster; not Ray's default, to stay clear of others
+# Each Ray node's metrics export port (all of tandem's metrics, cluster/metrics.py).
+METRICS_PORTS = {"head": 8766, "worker": 8767}
 # Each node's own custom resource; a pool asks for 1 per replica (placement.resources).
 NODE_RESOURCES = {"head": {"node_prefill": 8}, "worker": {"node_decode": 8}}
 
@@ -32,7 +37,9 @@ def _ray(*args: str) -> None:
     ray_cli = str(Path(sys.executable).parent / "ray")
     # LOCAL_RAY_ENV's RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 also refuses a second node. With it
     # on, both nodes register with this machine's IP (Ray rewrites 127.0.0.1), which is fine.
-    env = {**os.environ, **LOCAL_RAY_ENV, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "1"}
+    env = {**os.environ, **LOCAL_RAY_ENV, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "1",
+           # Metrics reach the export port within 1 s instead of 10: tests poll for them.
+           "RAY_metrics_report_interval_ms": "1000"}
     done = subprocess.run([ray_cli, *args], env=env, capture_output=True, text=True, timeout=120)
     if done.returncode != 0:
         raise RuntimeError(f"`ray {' '.join(args)}` failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
@@ -45,8 +52,10 @@ def ray_address():
     common = ["--num-cpus=1", "--object-store-memory=200000000", "--disable-usage-stats"]
     try:
         _ray("start", "--head", f"--port={RAY_PORT}", "--include-dashboard=false",
+             f"--metrics-export-port={METRICS_PORTS['head']}",
              f"--resources={json.dumps(NODE_RESOURCES['head'])}", *common)
-        _ray("start", f"--address={address}", f"--resources={json.dumps(NODE_RESOURCES['worker'])}", *common)
+        _ray("start", f"--address={address}", f"--metrics-export-port={METRICS_PORTS['worker']}",
+             f"--resources={json.dumps(NODE_RESOURCES['worker'])}", *common)
         yield address
     finally:
         _ray("stop", "--force")
@@ -116,6 +125,35 @@ def cluster(tiny_model_dir, ray_address):
 @pytest.fixture(scope="session")
 def base_url(cluster) -> str:
     return cluster.url
+
+
+def scrape_metrics() -> str:
+    """The Prometheus text of every Ray node of the test cluster (what Prometheus would scrape)."""
+    import httpx
+
+    return "\n".join(httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=30).text
+                     for port in METRICS_PORTS.values())
+
+
+def metric(name: str, text: Optional[str] = None, **labels: str) -> float:
+    """Sum of the samples of `name` (exact, e.g. `ray_tandem_route_total`) whose labels include `labels`."""
+    text = scrape_metrics() if text is None else text
+    total = 0.0
+    for m in re.finditer(rf"^{re.escape(name)}(?:{{(.*)}})? ([0-9.e+-]+|NaN)$", text, re.M):
+        found = dict(re.findall(r'(\w+)="((?:[^"\\]|\\.)*)"', m.group(1) or ""))
+        if all(found.get(k) == v for k, v in labels.items()) and m.group(2) != "NaN":
+            total += float(m.group(2))
+    return total
+
+
+def wait_for_metric(name: str, at_least: float, timeout_s: float = 30, **labels: str) -> float:
+    """Poll until the metric reaches `at_least` (Ray exports every second here); returns the value."""
+    deadline = time.monotonic() + timeout_s
+    while (value := metric(name, **labels)) < at_least:
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{name}{labels} = {value} after {timeout_s} s, expected >= {at_least}")
+        time.sleep(0.5)
+    return value
 
 
 def replica_stats(deployment: str, replicas: int) -> dict:

@@ -18,7 +18,7 @@ import pytest
 import zmq
 
 from router.hashing import BlockHasher
-from tests.integration.conftest import MODEL_NAME, replica_stats
+from tests.integration.conftest import MODEL_NAME, metric, replica_stats, wait_for_metric
 
 pytestmark = pytest.mark.integration
 
@@ -43,15 +43,6 @@ def complete(base_url: str, ids: list[int]) -> None:
     body = {"model": MODEL_NAME, "prompt": ids, "max_tokens": 2, "temperature": 0}
     r = httpx.post(f"{base_url}/v1/completions", json=body, timeout=120)
     assert r.status_code == 200, r.text
-
-
-def metric(base_url: str, name: str, **labels: str) -> float:
-    text = httpx.get(f"{base_url}/metrics", timeout=30).text
-    total = 0.0
-    for m in re.finditer(rf"^{name}(?:{{([^}}]*)}})? ([0-9.e+-]+)$", text, re.M):
-        if all(f'{k}="{v}"' in (m.group(1) or "") for k, v in labels.items()):
-            total += float(m.group(2))
-    return total
 
 
 def tokens(rng: random.Random, n: int) -> list[int]:
@@ -96,16 +87,14 @@ def test_shared_prefixes_go_to_the_engine_holding_them(base_url):
     block = next(iter(routing_stats().values()))["block_size"]
     rng = random.Random(time.time_ns())
     complete(base_url, tokens(rng, block + 3))  # the gateway follows both engines' events by now
-    deadline = time.monotonic() + 30
-    while metric(base_url, "tandem_kv_events_total", kind="batch") == 0:
-        assert time.monotonic() < deadline, "the gateway received no KV events"
-        time.sleep(0.5)
+    wait_for_metric("ray_tandem_kv_events_total", 1, kind="batch")  # the gateway received KV events
 
     prefix = tokens(rng, 2 * block)  # two full blocks shared by every prompt below
     prompts = [prefix + tokens(rng, 20) for _ in range(4)]
     before = replica_stats(PREFILL, 2)
-    hits_before = metric(base_url, "tandem_routing_decisions_total", tier="interactive", reason="prefix_hit")
-    predicted_before = metric(base_url, "tandem_routing_predicted_hit_tokens_total", tier="interactive", pool="prefill")
+    time.sleep(2)  # earlier requests' metrics reach the export port (1 s report interval)
+    hits_before = metric("ray_tandem_routing_decisions_total", tier="interactive", reason="prefix_hit")
+    predicted_before = metric("ray_tandem_routing_predicted_hit_tokens_total", tier="interactive", pool="prefill")
     for ids in prompts:
         complete(base_url, ids)
     after = replica_stats(PREFILL, 2)
@@ -119,6 +108,6 @@ def test_shared_prefixes_go_to_the_engine_holding_them(base_url):
     assert seen(holder) == total
     cached = after[holder].prompt_tokens_cached - before[holder].prompt_tokens_cached
     assert cached >= 3 * len(prefix)  # prompts 2..4 found the prefix in that engine's cache
-    assert metric(base_url, "tandem_routing_decisions_total", tier="interactive", reason="prefix_hit") >= hits_before + 3
-    assert (metric(base_url, "tandem_routing_predicted_hit_tokens_total", tier="interactive", pool="prefill")
-            >= predicted_before + 3 * len(prefix))
+    wait_for_metric("ray_tandem_routing_decisions_total", hits_before + 3, tier="interactive", reason="prefix_hit")
+    wait_for_metric("ray_tandem_routing_predicted_hit_tokens_total", predicted_before + 3 * len(prefix),
+                    tier="interactive", pool="prefill")

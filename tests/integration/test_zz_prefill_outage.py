@@ -10,19 +10,15 @@ import httpx
 import psutil
 import pytest
 
-from tests.integration.conftest import MODEL_NAME
+from tests.integration.conftest import MODEL_NAME, metric, wait_for_metric
 
 pytestmark = pytest.mark.integration
 
 BODY = {"model": MODEL_NAME, "prompt": "After the outage the cluster", "max_tokens": 8, "temperature": 0}
 
 
-def _route_count(base_url: str, path: str) -> float:
-    text = httpx.get(f"{base_url}/metrics", timeout=30).text
-    total = 0.0
-    for m in re.finditer(rf'^tandem_route_total{{[^}}]*path="{path}"[^}}]*}} ([0-9.e+]+)$', text, re.M):
-        total += float(m.group(1))
-    return total
+def _route_count(path: str) -> float:
+    return metric("ray_tandem_route_total", path=path)
 
 
 def _kill_prefill_replicas() -> int:
@@ -57,7 +53,7 @@ def test_requests_complete_while_prefill_is_down_and_after_it_returns(base_url):
     baseline = httpx.post(f"{base_url}/v1/completions", json=BODY, timeout=120)
     assert baseline.status_code == 200
     expected = baseline.json()["choices"][0]["text"]
-    fallbacks_before = _route_count(base_url, "fallback_recompute")
+    fallbacks_before = _route_count("fallback_recompute")
 
     engine_processes = _prefill_engine_processes()
     assert engine_processes, "expected vLLM child processes under the prefill replicas"
@@ -66,7 +62,7 @@ def test_requests_complete_while_prefill_is_down_and_after_it_returns(base_url):
         resp = httpx.post(f"{base_url}/v1/completions", json=BODY, timeout=120)
         assert resp.status_code == 200, resp.text
         assert resp.json()["choices"][0]["text"] == expected  # recomputed, same greedy output
-    assert _route_count(base_url, "fallback_recompute") >= fallbacks_before + 3
+    wait_for_metric("ray_tandem_route_total", fallbacks_before + 3, path="fallback_recompute")
 
     # A SIGKILLed replica cannot shut its engine down; its vLLM children must not outlive it.
     deadline = time.monotonic() + 60
@@ -82,8 +78,10 @@ def test_requests_complete_while_prefill_is_down_and_after_it_returns(base_url):
         time.sleep(2)
     else:
         pytest.fail("prefill pool did not come back within 240 s")
-    disaggregated_before = _route_count(base_url, "disaggregated")
+    time.sleep(2)  # earlier requests' metrics reach the export port (1 s report interval)
+    disaggregated_before = _route_count("disaggregated")
     resp = httpx.post(f"{base_url}/v1/completions", json=BODY, timeout=120)
     assert resp.status_code == 200
     assert resp.json()["choices"][0]["text"] == expected
-    assert _route_count(base_url, "disaggregated") == disaggregated_before + 1
+    assert wait_for_metric("ray_tandem_route_total", disaggregated_before + 1, path="disaggregated") \
+        == disaggregated_before + 1

@@ -1,0 +1,112 @@
+"""Per-engine metrics, labelled by tier, pool and replica: what operators tune a pool on.
+
+vLLM keeps its own Prometheus metrics in the replica's process (read by `read_metrics`, the
+engine's reader). `EngineMetricsExporter` republishes a fixed set of them as tandem's Ray
+metrics (cluster/metrics.py) with the labels vLLM cannot know: tier, pool and replica. Gauges
+are copied; vLLM's cumulative counters go out as increments since the last export.
+
+Lifecycle: an engine replica makes one exporter after its engine is up and calls `start()`;
+a daemon thread then calls `export_once()` every `interval_s` until `stop()` (replica
+teardown). `export_once()` is also the unit-tested step.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Callable, Optional
+
+from cluster.metrics import Counter, Gauge
+
+log = logging.getLogger(__name__)
+
+MetricsReader = Callable[[], dict[tuple[str, Optional[str]], float]]
+LABELS = ("tier", "pool", "replica")
+
+# tandem gauge ← vLLM sample (name, source label)
+GAUGES: dict[str, tuple[str, Optional[str]]] = {
+    "tandem_engine_requests_running": ("vllm:num_requests_running", None),
+    "tandem_engine_requests_waiting": ("vllm:num_requests_waiting", None),
+    "tandem_engine_kv_cache_usage": ("vllm:kv_cache_usage_perc", None),
+}
+# tandem counter ← vLLM cumulative sample
+COUNTERS: dict[str, tuple[str, Optional[str]]] = {
+    "tandem_engine_generation_tokens": ("vllm:generation_tokens_total", None),
+    "tandem_engine_prompt_tokens_computed": ("vllm:prompt_tokens_by_source_total", "local_compute"),
+    "tandem_engine_prompt_tokens_cached": ("vllm:prompt_tokens_by_source_total", "local_cache_hit"),
+    "tandem_engine_prompt_tokens_transferred": ("vllm:prompt_tokens_by_source_total", "external_kv_transfer"),
+    "tandem_engine_prefix_cache_queries": ("vllm:prefix_cache_queries_total", None),
+    "tandem_engine_prefix_cache_hits": ("vllm:prefix_cache_hits_total", None),
+    "tandem_engine_scheduled_tokens": ("vllm:iteration_tokens_total_sum", None),
+    "tandem_engine_steps": ("vllm:iteration_tokens_total_count", None),
+    "tandem_engine_preemptions": ("vllm:num_preemptions_total", None),
+    "tandem_engine_requests_finished": ("vllm:request_success_total", None),
+    "tandem_engine_kv_transfer_bytes": ("vllm:nixl_bytes_transferred_sum", None),
+    "tandem_engine_kv_transfers": ("vllm:nixl_xfer_time_seconds_count", None),
+    "tandem_engine_kv_transfer_seconds": ("vllm:nixl_xfer_time_seconds_sum", None),
+    "tandem_engine_kv_transfer_failures": ("vllm:nixl_num_failed_transfers_total", None),
+}
+_DOCS = {
+    "tandem_engine_requests_running": "Sequences in the engine's running batch (decode: the batch size).",
+    "tandem_engine_requests_waiting": "Requests queued inside the engine.",
+    "tandem_engine_kv_cache_usage": "Fraction of the engine's KV cache blocks in use (0-1).",
+    "tandem_engine_generation_tokens": "Tokens generated (tokens/s per replica: the basis of tokens per dollar).",
+    "tandem_engine_prompt_tokens_computed": "Prompt tokens this engine computed itself.",
+    "tandem_engine_prompt_tokens_cached": "Prompt tokens served from this engine's prefix cache.",
+    "tandem_engine_prompt_tokens_transferred": "Prompt tokens whose KV arrived over NIXL.",
+    "tandem_engine_prefix_cache_queries": "Prompt tokens looked up in the prefix cache.",
+    "tandem_engine_prefix_cache_hits": "Prompt tokens found in the prefix cache.",
+    "tandem_engine_scheduled_tokens": "Tokens scheduled over all engine steps (divided by steps: the batch size in tokens).",
+    "tandem_engine_steps": "Engine steps (forward passes).",
+    "tandem_engine_preemptions": "Requests preempted for lack of KV cache.",
+    "tandem_engine_requests_finished": "Requests the engine finished.",
+    "tandem_engine_kv_transfer_bytes": "KV bytes this engine pulled over NIXL.",
+    "tandem_engine_kv_transfers": "NIXL KV transfers this engine completed.",
+    "tandem_engine_kv_transfer_seconds": "Seconds spent in NIXL KV transfers.",
+    "tandem_engine_kv_transfer_failures": "NIXL KV transfers that failed (vLLM then recomputes).",
+}
+_GAUGE_METRICS = {name: Gauge(name, _DOCS[name], LABELS) for name in GAUGES}
+_COUNTER_METRICS = {name: Counter(name, _DOCS[name], LABELS) for name in COUNTERS}
+
+
+class EngineMetricsExporter:
+    def __init__(self, tier: str, pool: str, replica: str, read_metrics: MetricsReader, interval_s: float = 2.0):
+        self.labels = {"tier": tier, "pool": pool, "replica": replica}
+        self._read = read_metrics
+        self.interval_s = interval_s
+        self._last: dict[str, float] = {}
+        self._stop = threading.Event()
+        self._thread: Optional[threading.Thread] = None
+        self._failed = False
+
+    def export_once(self) -> dict[str, float]:
+        """Publish one reading; returns what went out (gauge values, counter increments)."""
+        values = self._read()
+        out: dict[str, float] = {}
+        for name, key in GAUGES.items():
+            out[name] = values.get(key, 0.0)
+            _GAUGE_METRICS[name].labels(**self.labels).set(out[name])
+        for name, key in COUNTERS.items():
+            total = values.get(key, 0.0)
+            # From 0 on the first reading: the engine started with this exporter.
+            out[name] = max(0.0, total - self._last.get(name, 0.0))
+            self._last[name] = total
+            _COUNTER_METRICS[name].labels(**self.labels).inc(out[name])
+        return out
+
+    def start(self) -> "EngineMetricsExporter":
+        self._thread = threading.Thread(target=self._loop, name="tandem-engine-metrics", daemon=True)
+        self._thread.start()
+        return self
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            try:
+                self.export_once()
+            except Exception:  # metrics must never take a replica down; say so once
+                if not self._failed:
+                    log.warning("engine metrics export failed; retrying quietly", exc_info=True)
+                self._failed = True
+
+    def stop(self) -> None:
+        self._stop.set()

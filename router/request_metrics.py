@@ -1,0 +1,133 @@
+"""What each request looked like to its client, per tier: outcome, TTFT, inter-token latency,
+end-to-end latency, tokens. The SLO dashboards and alerts are built on these.
+
+`MeasuredBackend(backend, default_tier)` wraps the gateway's outermost OpenAIBackend (the
+admission control), so TTFT includes time queued for admission, and 429s are counted as the
+outcome they are. The clock starts when the edge asks for the stream, after parsing and
+tokenizing (microseconds to a few ms); HTTP-level failures before that (400, 401, 404, 413)
+are counted by status code in `tandem_http_responses` instead.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any, AsyncIterator, Optional
+
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from cluster.metrics import Counter, Histogram
+from cluster.protocol import EngineRequest, TokenChunk
+from router.openai.errors import OpenAIError
+
+HTTP_RESPONSES = Counter(
+    "tandem_http_responses", "HTTP responses of the gateway by route and status code.", ["route", "status"]
+)
+REQUESTS = Counter(
+    "tandem_requests",
+    "Generation requests by tier and outcome: ok (stop/length), rejected_429, error_<status>, "
+    "error (engine or cluster failure), cancelled (client went away).",
+    ["tier", "outcome"],
+)
+TTFT_SECONDS = Histogram("tandem_ttft_seconds", "Time to first token as the client sees it (incl. admission queue).",
+                         ["tier"])
+ITL_SECONDS = Histogram("tandem_itl_seconds", "Inter-token latency: the gap between streamed tokens, per token.",
+                        ["tier"])
+E2E_SECONDS = Histogram("tandem_e2e_seconds", "End-to-end latency of finished requests.", ["tier"])
+PROMPT_TOKENS = Counter("tandem_prompt_tokens", "Prompt tokens of admitted requests.", ["tier"])
+OUTPUT_TOKENS = Counter("tandem_output_tokens", "Tokens streamed to clients.", ["tier"])
+
+
+def outcome_of(exc: Optional[BaseException], finish_reason: Optional[str]) -> str:
+    """The `outcome` label of a finished request (pure; unit-tested)."""
+    if exc is None:
+        return "ok" if finish_reason in ("stop", "length") else "error"
+    if isinstance(exc, (asyncio.CancelledError, GeneratorExit)):
+        return "cancelled"
+    if isinstance(exc, OpenAIError):
+        return "rejected_429" if exc.status == 429 else f"error_{exc.status}"
+    return "error"
+
+
+class MeasuredBackend:
+    """An OpenAIBackend that records per-request metrics around another one."""
+
+    def __init__(self, backend: Any, default_tier: str):
+        self.backend = backend
+        self.model_id = backend.model_id
+        self.max_model_len = backend.max_model_len
+        self.tokenizer = backend.tokenizer
+        self.default_tier = default_tier
+
+    async def generate(self, request: EngineRequest) -> AsyncIterator[TokenChunk]:
+        tier = request.tier or self.default_tier
+        started = last = time.perf_counter()
+        first = True
+        finish: Optional[str] = None
+        failure: Optional[BaseException] = None
+        try:
+            async for chunk in self.backend.generate(request):
+                now = time.perf_counter()
+                tokens = len(chunk.token_ids)
+                if tokens:
+                    if first:
+                        TTFT_SECONDS.labels(tier=tier).observe(now - started)
+                        PROMPT_TOKENS.labels(tier=tier).inc(len(request.prompt_token_ids))
+                        first = False
+                        tokens_after_first = tokens - 1
+                    else:
+                        tokens_after_first = tokens
+                    if tokens_after_first:
+                        # A chunk of n tokens after a gap g: n gaps of g/n, as vLLM's own ITL counts them.
+                        gap = (now - last) / tokens_after_first
+                        for _ in range(tokens_after_first):
+                            ITL_SECONDS.labels(tier=tier).observe(gap)
+                    OUTPUT_TOKENS.labels(tier=tier).inc(tokens)
+                    last = now
+                finish = chunk.finish_reason or finish
+                yield chunk
+        except BaseException as exc:
+            failure = exc
+            raise
+        finally:
+            outcome = outcome_of(failure, finish)
+            REQUESTS.labels(tier=tier, outcome=outcome).inc()
+            if outcome == "ok":
+                E2E_SECONDS.labels(tier=tier).observe(time.perf_counter() - started)
+
+    async def abort(self, request_id: str) -> None:
+        await self.backend.abort(request_id)
+
+    async def health(self) -> dict[str, Any]:
+        return await self.backend.health()
+
+
+# Paths are a label: only the API's own routes, so scanners cannot blow up the series count.
+_ROUTES = ("/v1/chat/completions", "/v1/completions", "/v1/models", "/health")
+
+
+def route_label(path: str) -> str:
+    for route in _ROUTES:
+        if path == route or path.startswith(route + "/"):
+            return route
+    return "other"
+
+
+class HttpMetricsMiddleware:
+    """Counts every HTTP response by route and status (pure ASGI: streaming stays untouched)."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        route = route_label(scope.get("path", ""))
+
+        async def counting_send(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                HTTP_RESPONSES.labels(route=route, status=str(message["status"])).inc()
+            await send(message)
+
+        await self.app(scope, receive, counting_send)

@@ -28,14 +28,13 @@ PRESETS = {"defaults": None, "cpu-dev": "values-cpu-dev.yaml", "gpu-multinode": 
 EVERYTHING = {
     "ingress": {"enabled": True, "className": "nginx", "tls": [{"secretName": "t", "hosts": ["tandem.example.com"]}]},
     "redis": {"builtin": True},
-    "monitoring": {"serviceMonitor": {"enabled": True}, "podMonitor": {"enabled": True},
+    "monitoring": {"podMonitor": {"enabled": True},
                    "prometheusRule": {"enabled": True}},
     "kvTransfer": {"hostNetwork": True, "rdma": {"resources": {"rdma/ib": 1}}, "env": {"UCX_IB_GID_INDEX": "3"}},
 }
 KUBE_VERSIONS = ["1.30.0", kubernetes_validate.latest_version()]
 CRD_FILES = {
     "RayService": "ray.io_rayservices.yaml",
-    "ServiceMonitor": "monitoring.coreos.com_servicemonitors.yaml",
     "PodMonitor": "monitoring.coreos.com_podmonitors.yaml",
     "PrometheusRule": "monitoring.coreos.com_prometheusrules.yaml",
 }
@@ -145,7 +144,7 @@ def test_custom_resources_validate_against_crds(chart, crd_validators, preset):
 
 def test_every_monitoring_resource_renders(chart):
     docs = render(chart, preset_values("everything"))
-    for kind in ("ServiceMonitor", "PodMonitor", "PrometheusRule", "Ingress", "Deployment", "NetworkPolicy"):
+    for kind in ("PodMonitor", "PrometheusRule", "Ingress", "Deployment", "NetworkPolicy"):
         assert by_kind(docs, kind), kind
     [rule] = by_kind(docs, "PrometheusRule")
     assert rule["spec"]["groups"][0]["rules"]

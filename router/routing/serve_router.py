@@ -27,10 +27,14 @@ ROUTER_CLASS_PATH = "router.routing.serve_router:KVAwareRequestRouter"
 
 
 def request_id_of(pending_request: Optional[PendingRequest]) -> Optional[str]:
-    """Our request id: the first argument of prefill(request) / generate(request, handoff)."""
+    """Our request id: the first argument of prefill(request) / generate(request, handoff),
+    or abort(request_id) itself (an abort is pinned to the replica holding the request)."""
     if pending_request is None or not pending_request.args:
         return None
-    return getattr(pending_request.args[0], "request_id", None)
+    first = pending_request.args[0]
+    if isinstance(first, str):
+        return first
+    return getattr(first, "request_id", None)
 
 
 class KVAwareRequestRouter(RequestRouter):

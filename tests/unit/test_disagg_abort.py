@@ -1,0 +1,118 @@
+"""DisaggregatedBackend.abort reaches the replica that holds the request.
+
+A pool may have several replicas; an abort sent through the Serve handle without a pin
+lands wherever Serve picks, which is often not the replica running the request (the abort
+of an unknown id is a no-op there, and the request runs on). The backend remembers where
+each hop in flight went and pins its abort there (router/routing/serve_router.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+
+import pytest
+
+from cluster.protocol import EngineRequest, SamplingSettings, TierPools
+from router.disagg import DisaggregatedBackend
+from router.routing.decider import PDDecider
+from router.routing.directory import PoolDirectory
+from router.routing.service import KVRouter
+from tests.fakes import FakeServePool
+
+TIER = "interactive"
+
+
+def make_backend(*, routed: bool = True, hang_prefill: bool = False, prefill_timeout_s: float = 5.0):
+    dirs = {(TIER, pool): PoolDirectory() for pool in ("prefill", "decode")}
+    pools = TierPools(prefill=FakeServePool(dirs[(TIER, "prefill")], ["p0", "p1", "p2"], hang_prefill),
+                      decode=FakeServePool(dirs[(TIER, "decode")], ["d0", "d1", "d2"]))
+    router = KVRouter(directories=dirs, index=None, weights={"load": 1.0}, decider=PDDecider(0),
+                      subscribe=False, rng=random.Random(7)) if routed else None
+    backend = DisaggregatedBackend(model_id="m", max_model_len=64, tokenizer=None, pools={TIER: pools},
+                                   default_tier=TIER, prefill_timeout_s=prefill_timeout_s, router=router)
+    return backend, pools
+
+
+def request(i: int) -> EngineRequest:
+    return EngineRequest(f"req-{i}", (1, 2, 3), SamplingSettings(max_tokens=1000), tier=TIER)
+
+
+def test_abort_mid_stream_goes_to_the_decode_replica_of_the_request():
+    async def main():
+        backend, pools = make_backend()
+        for i in range(30):
+            it = backend.generate(request(i))
+            await anext(it)  # streaming: the decode hop is in flight
+            await anext(it)
+            await backend.abort(f"req-{i}")
+            await it.aclose()
+        return backend, pools
+
+    backend, pools = asyncio.run(main())
+    for i in range(30):
+        rid = f"req-{i}"
+        assert pools.decode.replica_of("abort", rid) == pools.decode.replica_of("generate", rid)
+        assert pools.prefill.replica_of("abort", rid) == []  # finished hop: nothing to abort there
+    # Decode replicas were spread (so a wrong pick would have shown), and nothing is left behind.
+    assert len({r for m, _, r in pools.decode.calls if m == "generate"}) > 1
+    assert backend._hops == {} and all(d.take_pin(f"req-{i}") is None
+                                       for d in (pools.prefill.directory, pools.decode.directory)
+                                       for i in range(30))
+
+
+def test_abort_of_a_finished_or_unknown_request_sends_nothing():
+    async def main():
+        backend, pools = make_backend()
+        it = backend.generate(request(0))
+        await anext(it)
+        await it.aclose()  # the stream ended
+        await backend.abort("req-0")
+        await backend.abort("never-seen")
+        return pools
+
+    pools = asyncio.run(main())
+    assert [c for p in (pools.prefill, pools.decode) for c in p.calls if c[0] == "abort"] == []
+
+
+def test_prefill_timeout_aborts_on_the_prefill_replica_it_was_routed_to():
+    async def main():
+        backend, pools = make_backend(hang_prefill=True, prefill_timeout_s=0.05)
+        it = backend.generate(request(1))
+        await anext(it)  # the prefill timed out; decode recomputes and streams
+        await asyncio.sleep(0.05)  # the prefill abort is sent in the background
+        await it.aclose()
+        return pools
+
+    pools = asyncio.run(main())
+    assert pools.prefill.replica_of("abort", "req-1") == pools.prefill.replica_of("prefill", "req-1")
+    assert len(pools.prefill.replica_of("abort", "req-1")) == 1
+
+
+@pytest.mark.parametrize("routed", [True, False])
+def test_abort_while_waiting_for_the_prefill_reaches_the_prefill_pool(routed):
+    async def main():
+        backend, pools = make_backend(routed=routed, hang_prefill=True)
+        task = asyncio.ensure_future(anext(backend.generate(request(2))))
+        await asyncio.sleep(0.05)
+        await backend.abort("req-2")
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        return pools
+
+    pools = asyncio.run(main())
+    aborted = pools.prefill.replica_of("abort", "req-2")
+    assert len(aborted) == 1
+    if routed:  # without a router Serve picks both calls; we cannot know the replica
+        assert aborted == pools.prefill.replica_of("prefill", "req-2")
+    assert pools.decode.calls == []
+
+
+def test_the_serve_router_reads_the_request_id_of_an_abort():
+    from types import SimpleNamespace
+
+    from router.routing.serve_router import request_id_of
+
+    assert request_id_of(SimpleNamespace(args=("req-9",))) == "req-9"  # abort(request_id)
+    assert request_id_of(SimpleNamespace(args=(request(9), None))) == "req-9"  # generate(request, handoff)
+    assert request_id_of(SimpleNamespace(args=())) is None

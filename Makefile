@@ -1,7 +1,7 @@
 # Two commands set everything up on a fresh machine: `make run` and `make test`.
 VENV := .venv
 
-.PHONY: run test stop setup unit loadtest redis
+.PHONY: run test stop setup unit loadtest redis prometheus
 
 setup:
 	bash cluster/bootstrap.sh
@@ -11,16 +11,21 @@ redis:
 	@command -v redis-server >/dev/null || (apt-get update && apt-get install -y redis-server) || \
 	  { echo "redis-server is missing and could not be installed: run 'apt-get install -y redis-server' as root"; exit 1; }
 
+# promtool checks and unit-tests the alert rules; the observability test scrapes the cluster with a real Prometheus.
+prometheus:
+	@command -v promtool >/dev/null || (apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y prometheus) || \
+	  { echo "prometheus/promtool is missing and could not be installed: run 'apt-get install -y prometheus' as root"; exit 1; }
+
 run: setup
 	$(VENV)/bin/tandem run
 
 stop:
 	$(VENV)/bin/tandem stop
 
-test: setup redis
+test: setup redis prometheus
 	$(VENV)/bin/python -m pytest -ra
 
-unit: setup redis
+unit: setup redis prometheus
 	$(VENV)/bin/python -m pytest -ra tests/unit
 
 # Load test a running cluster (`make run` in another shell); exits non-zero when the SLO is missed.

@@ -61,7 +61,13 @@ class _BoundCounter:
         self._metric, self._tags = metric, tags
 
     def inc(self, amount: float = 1.0) -> None:
-        if amount > 0:  # Ray rejects 0 and negatives
+        """`inc(0)` creates the series at 0 (dashboards and alerts see 0, not "no data", before
+        the first event); Ray's public `inc` refuses 0, so that one goes through `_record`."""
+        if amount < 0:
+            raise ValueError(f"a counter only goes up, got {amount}")
+        if amount == 0:
+            self._metric._record(0.0, tags=self._tags)
+        else:
             self._metric.inc(amount, tags=self._tags)
 
 

@@ -14,7 +14,8 @@ from router.disagg import DisaggregatedBackend
 from router.openai.app import build_openai_app
 from router.openai.tokenizer import PromptTokenizer
 from router.openai.tools import ToolCalling
-from router.request_metrics import HttpMetricsMiddleware, MeasuredBackend
+from router.ratelimit import RateLimiter
+from router.request_metrics import HttpMetricsMiddleware, MeasuredBackend, declare_series
 from router.routing.build import build_kv_router
 
 
@@ -36,18 +37,22 @@ class Gateway:
         self.tool_calling = ToolCalling.from_config(cfg, tokenizer.hf)
         # API key → tenant → tier; warns at start-up when the API is open (no keys).
         self.auth = ApiKeyAuth.from_config(cfg)
+        # Per-tenant requests/tokens per minute (auth.tenants.*.rate_limit), per gateway replica.
+        self.rate_limits = RateLimiter.from_config(cfg)
         # Bounded queue per tier in front of the pools: 429 with Retry-After beyond it.
         self.admission = AdmissionControl(
             self.backend, {tier: t.admission for tier, t in cfg.tiers.items()}, cfg.default_tier
         )
         # Outermost, so TTFT includes the admission queue and 429s count as outcomes.
         self.measured = MeasuredBackend(self.admission, cfg.default_tier)
+        declare_series(list(cfg.tiers))
 
     def __serve_build_asgi_app__(self):
         # No /metrics here: metrics are Ray metrics, on each Ray node's metrics port, never
         # on the public API port (cluster/metrics.py).
         app = build_openai_app(
             self.measured, max_body_bytes=self.cfg.gateway.max_body_bytes, authenticate=self.auth.tier_of,
+            rate_limit=self.rate_limits.hook(self.auth.tenant_of) if self.rate_limits.active else None,
             tool_calling=self.tool_calling,
         )
         app.add_middleware(HttpMetricsMiddleware)

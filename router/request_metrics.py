@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Any, AsyncIterator, Optional
+from typing import Any, AsyncIterator, Optional, Sequence
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -36,6 +36,29 @@ ITL_SECONDS = Histogram("tandem_itl_seconds", "Inter-token latency: the gap betw
 E2E_SECONDS = Histogram("tandem_e2e_seconds", "End-to-end latency of finished requests.", ["tier"])
 PROMPT_TOKENS = Counter("tandem_prompt_tokens", "Prompt tokens of admitted requests.", ["tier"])
 OUTPUT_TOKENS = Counter("tandem_output_tokens", "Tokens streamed to clients.", ["tier"])
+
+
+OUTCOMES = ("ok", "error", "cancelled", "rejected_429")
+
+
+def declare_series(tiers: Sequence[str]) -> None:
+    """Create the gateway's per-tier counters at 0, so rates and alerts read 0 before the first
+    event instead of "no data" (the observability test checks every used name is exported)."""
+    from router import admission, disagg
+    from router.routing import metrics as routing
+
+    for tier in tiers:
+        for outcome in OUTCOMES:
+            REQUESTS.labels(tier=tier, outcome=outcome).inc(0)
+        for path, reason in (("disaggregated", ""), ("decode_only", ""), ("router_error", ""),
+                             ("fallback_recompute", "prefill_error"), ("fallback_recompute", "prefill_timeout"),
+                             ("fallback_recompute", "bad_handoff")):
+            disagg.ROUTES.labels(tier=tier, path=path, reason=reason).inc(0)
+        disagg.DECODE_RETRIES.labels(tier=tier).inc(0)
+        for reason in ("queue_full", "queue_timeout"):
+            admission.REJECTED.labels(tier=tier, reason=reason).inc(0)
+        routing.PROMPT_TOKENS.labels(tier=tier).inc(0)
+    routing.INDEX_ERRORS.inc(0)
 
 
 def outcome_of(exc: Optional[BaseException], finish_reason: Optional[str]) -> str:

@@ -69,10 +69,15 @@ class PoolPolicy:
         self.rules = Rules(**rules)
         self.decision_log = Path(decision_log) if decision_log else None
         self._last_logged: Optional[tuple] = None
+        self._declared = False
 
     def __call__(self, ctx: Any) -> tuple[int, dict[str, Any]]:
         obs = observe(ctx)
         decision, state = decide(self.rules, obs, PolicyState.from_dict(ctx.policy_state or {}))
+        if not self._declared:  # the series exist at 0 before the first scaling
+            for direction in ("up", "down"):
+                SCALING_DECISIONS.labels(deployment=ctx.deployment_name, direction=direction).inc(0)
+            self._declared = True
         TARGET_REPLICAS.labels(deployment=ctx.deployment_name).set(decision.target)
         CURRENT_REPLICAS.labels(deployment=ctx.deployment_name).set(obs.replicas)
         if decision.target != obs.target:

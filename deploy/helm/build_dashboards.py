@@ -1,0 +1,237 @@
+"""Writes the chart's Grafana dashboards (deploy/helm/tandem/dashboards/*.json).
+
+    python deploy/helm/build_dashboards.py
+
+The JSON is committed (the chart ships it in a ConfigMap, `tandem grafana-push` uploads it);
+this script is its source, and tests/unit/test_dashboards.py checks the two agree.
+Every query uses only names from the metric catalogue (Ray metrics, prefix `ray_`) and
+aggregates with `by`, because Ray adds per-process labels (WorkerId, NodeAddress, ...).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+OUT = Path(__file__).parent / "tandem" / "dashboards"
+DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
+RATE = "[$__rate_interval]"
+TIER = 'tier=~"$tier"'
+# Serve and the autoscaler label pools by deployment name, "<tier>-<pool>".
+DEPLOYMENT = 'deployment=~"($tier)-(prefill|decode)"'
+DECODE, PREFILL = 'pool="decode"', 'pool="prefill"'
+ERRORS, NOT_CANCELLED = 'outcome=~"error.*"', 'outcome!="cancelled"'
+STATUS_429 = 'status="429"'
+RECOMPUTE = 'path="fallback_recompute"'
+INDEX_UNAVAILABLE = 'reason="index_unavailable"'
+NO_LABELS = ""  # for the few metrics without a tier label
+
+
+def rate(metric: str, *labels: str) -> str:
+    """`rate(metric{labels}[$__rate_interval])`; labels default to the tier selector."""
+    selector = ", ".join(labels or (TIER,))
+    return f"rate({metric}{{{selector}}}{RATE})" if selector else f"rate({metric}{RATE})"
+
+
+def quantile(q: float, histogram: str, by: str = "tier", *labels: str) -> str:
+    by = f"le, {by}" if by else "le"
+    return f"histogram_quantile({q}, sum by ({by}) ({rate(histogram + '_bucket', *labels)}))"
+
+
+def target(expr: str, legend: str) -> dict:
+    return {"expr": expr, "legendFormat": legend}
+
+
+def panel(title: str, targets: list[dict], unit: str = "short", description: str = "",
+          stacked: bool = False, max_value: float | None = None) -> dict:
+    defaults: dict = {"unit": unit, "min": 0}
+    if max_value is not None:
+        defaults["max"] = max_value
+    custom = {"drawStyle": "line", "lineWidth": 1, "fillOpacity": 20 if stacked else 0, "showPoints": "never",
+              "stacking": {"mode": "normal" if stacked else "none", "group": "A"}}
+    return {
+        "type": "timeseries",
+        "title": title,
+        "description": description,
+        "datasource": DATASOURCE,
+        "fieldConfig": {"defaults": {**defaults, "custom": custom}, "overrides": []},
+        "options": {"legend": {"displayMode": "list", "placement": "bottom", "showLegend": True},
+                    "tooltip": {"mode": "multi", "sort": "desc"}},
+        "targets": [{**t, "datasource": DATASOURCE, "refId": chr(ord("A") + i)} for i, t in enumerate(targets)],
+    }
+
+
+def dashboard(uid: str, title: str, description: str, panels: list[dict]) -> dict:
+    laid_out = []
+    for i, p in enumerate(panels):  # two columns, in reading order
+        laid_out.append({"id": i + 1, "gridPos": {"h": 8, "w": 12, "x": 12 * (i % 2), "y": 8 * (i // 2)}, **p})
+    tier_query = "label_values(ray_tandem_requests_total, tier)"
+    return {
+        "uid": uid,
+        "title": f"tandem / {title}",
+        "description": description,
+        "tags": ["tandem"],
+        "schemaVersion": 39,
+        "version": 1,
+        "editable": True,
+        "graphTooltip": 1,
+        "refresh": "30s",
+        "time": {"from": "now-1h", "to": "now"},
+        "timepicker": {},
+        "timezone": "browser",
+        "annotations": {"list": []},
+        "links": [{"type": "dashboards", "tags": ["tandem"], "asDropdown": True, "title": "tandem"}],
+        "templating": {"list": [
+            {"name": "datasource", "label": "Data source", "type": "datasource", "query": "prometheus",
+             "current": {}, "hide": 0, "includeAll": False, "multi": False, "options": [], "refresh": 1, "regex": ""},
+            {"name": "tier", "label": "Tier", "type": "query", "datasource": DATASOURCE,
+             "definition": tier_query, "query": {"query": tier_query, "refId": "tier"},
+             "current": {}, "hide": 0, "includeAll": True, "allValue": ".*", "multi": True, "options": [],
+             "refresh": 2, "regex": "", "sort": 1},
+        ]},
+        "panels": laid_out,
+    }
+
+
+def slo() -> dict:
+    def quantiles(histogram: str, qs=(0.5, 0.95, 0.99)) -> list[dict]:
+        return [target(quantile(q, histogram), f"{{{{tier}}}} p{round(q * 100)}") for q in qs]
+
+    requests = "ray_tandem_requests_total"
+    return dashboard("tandem-slo", "SLO overview", "Latency, throughput and errors as clients see them, per tier.", [
+        panel("Time to first token", quantiles("ray_tandem_ttft_seconds"), "s",
+              "As the client sees it, including the gateway's admission queue."),
+        panel("Inter-token latency", quantiles("ray_tandem_itl_seconds"), "s"),
+        panel("End-to-end latency p95", quantiles("ray_tandem_e2e_seconds", (0.95,)), "s", "Requests that ended ok."),
+        panel("Requests by outcome", [target(f"sum by (tier, outcome) ({rate(requests)})", "{{tier}} {{outcome}}")],
+              "reqps", stacked=True),
+        panel("Error ratio", [target(
+            f"sum by (tier) ({rate(requests, TIER, ERRORS)})\n"
+            f"/ sum by (tier) ({rate(requests, TIER, NOT_CANCELLED)})", "{{tier}}")],
+            "percentunit", "Server-side errors of all requests that were not cancelled; 429s are not errors."),
+        panel("Rejected with 429", [
+            target(f"sum by (tier, reason) ({rate('ray_tandem_admission_rejected_total')})", "{{tier}} {{reason}}"),
+            target(f"sum by (route) ({rate('ray_tandem_http_responses_total', STATUS_429)})", "HTTP 429 {{route}}"),
+        ], "reqps", "Admission control: the tier's queue was full or a request waited too long."),
+        panel("Output tokens per second", [
+            target(f"sum by (tier) ({rate('ray_tandem_output_tokens_total')})", "{{tier}}")], "short"),
+        panel("Prompt tokens per second", [
+            target(f"sum by (tier) ({rate('ray_tandem_prompt_tokens_total')})", "{{tier}}")], "short"),
+    ])
+
+
+def pools() -> dict:
+    def engine(metric: str, by: str = "tier, pool") -> str:
+        return f"sum by ({by}) ({rate(metric)})"
+
+    return dashboard("tandem-pools", "Pools", "Each engine pool (tier and prefill/decode): queues, batches, KV cache, replicas.", [
+        panel("Queued requests", [
+            target(f"sum by (tier, pool) (ray_tandem_engine_requests_waiting{{{TIER}}})", "{{tier}}-{{pool}} engine waiting"),
+            target(f"sum by (tier) (ray_tandem_admission_queued{{{TIER}}})", "{{tier}} gateway admission queue"),
+        ], "short", "Engines' waiting queues and the gateway's per-tier admission queue."),
+        panel("Running sequences (batch size)", [
+            target(f"sum by (tier, pool) (ray_tandem_engine_requests_running{{{TIER}}})", "{{tier}}-{{pool}}"),
+            target(f"sum by (tier) (ray_tandem_admission_running{{{TIER}}})", "{{tier}} admitted by the gateway"),
+        ], "short"),
+        panel("Batch size in tokens per engine step", [target(
+            f"{engine('ray_tandem_engine_scheduled_tokens_total')}\n/ {engine('ray_tandem_engine_steps_total')}",
+            "{{tier}}-{{pool}}")], "short", "Tokens scheduled per forward pass, averaged over the pool."),
+        panel("KV cache usage per replica", [target(
+            f"max by (tier, pool, replica) (ray_tandem_engine_kv_cache_usage{{{TIER}}})", "{{replica}}")],
+            "percentunit", max_value=1),
+        panel("Replicas per pool", [
+            target(f'sum by (deployment) (ray_serve_deployment_replica_healthy{{application="tandem", {DEPLOYMENT}}})',
+                   "{{deployment}} healthy"),
+            target(f"max by (deployment) (ray_tandem_autoscaling_current_replicas{{{DEPLOYMENT}}})",
+                   "{{deployment}} current"),
+            target(f"max by (deployment) (ray_tandem_autoscaling_target_replicas{{{DEPLOYMENT}}})",
+                   "{{deployment}} target"),
+        ], "short", "Healthy replicas (Serve); current and target replicas (autoscaled pools only)."),
+        panel("Autoscaling decisions", [target(
+            f"sum by (deployment, direction) (increase(ray_tandem_autoscaling_decisions_total{{{DEPLOYMENT}}}{RATE}))",
+            "{{deployment}} {{direction}}")], "short", stacked=True),
+        panel("Output tokens per second per replica", [
+            target(engine("ray_tandem_engine_generation_tokens_total", "tier, pool, replica"), "{{replica}}")], "short"),
+        panel("Preemptions per second", [
+            target(engine("ray_tandem_engine_preemptions_total", "tier, pool, replica"), "{{replica}}")], "short",
+            "Requests preempted for lack of KV cache."),
+    ])
+
+
+def kv_transfer() -> dict:
+    def per_tier(metric: str) -> str:
+        return f"sum by (tier) ({rate(metric, TIER, DECODE)})"
+
+    sources = {"transferred": "ray_tandem_engine_prompt_tokens_transferred_total",
+               "computed": "ray_tandem_engine_prompt_tokens_computed_total",
+               "cached": "ray_tandem_engine_prompt_tokens_cached_total"}
+    total = "\n+ ".join(per_tier(m) for m in sources.values())
+    return dashboard("tandem-kv-transfer", "KV transfer", "Prefill-to-decode KV cache handoff over NIXL (decode side pulls).", [
+        panel("KV bytes pulled per second", [target(
+            f"sum by (tier, replica) ({rate('ray_tandem_engine_kv_transfer_bytes_total', TIER, DECODE)})", "{{replica}}")],
+            "Bps"),
+        panel("KV transfers per second", [target(per_tier("ray_tandem_engine_kv_transfers_total"), "{{tier}}")], "short"),
+        panel("Mean KV transfer time", [target(
+            f"{per_tier('ray_tandem_engine_kv_transfer_seconds_total')}\n/ {per_tier('ray_tandem_engine_kv_transfers_total')}",
+            "{{tier}}")], "s"),
+        panel("KV transfer failures per second", [
+            target(per_tier("ray_tandem_engine_kv_transfer_failures_total"), "{{tier}}")], "short"),
+        panel("Recomputed on decode (fallback)", [target(
+            f"sum by (tier, reason) ({rate('ray_tandem_route_total', TIER, RECOMPUTE)})",
+            "{{tier}} {{reason}}")], "reqps", "Requests whose prefill hop failed, so decode computed the prompt itself.",
+            stacked=True),
+        panel("Prefill hop latency", [
+            target(quantile(q, "ray_tandem_prefill_hop_seconds"), f"{{{{tier}}}} p{round(q * 100)}") for q in (0.5, 0.95)
+        ], "s", "Prefill computes the KV and hands it off."),
+        panel("Decode hop to first token", [
+            target(quantile(q, "ray_tandem_decode_first_token_seconds", "tier, path"),
+                   f"{{{{tier}}}} {{{{path}}}} p{round(q * 100)}") for q in (0.5, 0.95)
+        ], "s", "Decode pulls the KV and runs one step."),
+        panel("Decode pool: where prompt tokens came from", [
+            target(f"{per_tier(metric)}\n/ ({total})", f"{{{{tier}}}} {name}") for name, metric in sources.items()
+        ], "percentunit", "Share of the decode engines' prompt tokens: transferred over NIXL, computed, or prefix-cached.",
+            stacked=True, max_value=1),
+    ])
+
+
+def router() -> dict:
+    predicted = (f"sum by (tier) ({rate('ray_tandem_routing_predicted_hit_tokens_total', TIER, PREFILL)})"
+                 f"\n/ sum by (tier) ({rate('ray_tandem_routing_prompt_tokens_total')})")
+    engine = (f"sum by (tier) ({rate('ray_tandem_engine_prefix_cache_hits_total', TIER, PREFILL)})"
+              f"\n/ sum by (tier) ({rate('ray_tandem_engine_prefix_cache_queries_total', TIER, PREFILL)})")
+    return dashboard("tandem-router", "Router", "Prefix-aware routing: decisions, predicted vs real cache hits, KV events.", [
+        panel("Routing decisions", [target(
+            f"sum by (tier, path, reason) ({rate('ray_tandem_routing_decisions_total')})", "{{tier}} {{path}} {{reason}}")],
+            "reqps", stacked=True),
+        panel("Prefix hit rate: router-predicted vs engine-reported", [
+            target(predicted, "{{tier}} predicted by the router"),
+            target(engine, "{{tier}} prefill engines"),
+        ], "percentunit", "Prompt tokens the router expected cached on the chosen prefill engine, and what the "
+                          "prefill engines really found in their prefix cache.", max_value=1),
+        panel("Routing decision latency", [
+            target(quantile(q, "ray_tandem_routing_decision_seconds", "", NO_LABELS), f"p{round(q * 100)}")
+            for q in (0.5, 0.99)
+        ], "s"),
+        panel("KV cache events", [target(f"sum by (kind) ({rate('ray_tandem_kv_events_total', NO_LABELS)})", "{{kind}}")],
+              "short", "Block stored/removed events the engines publish to the prefix index.", stacked=True),
+        panel("Prefix index unavailable", [
+            target(f"sum({rate('ray_tandem_prefix_index_unavailable_total', NO_LABELS)})", "index lookups failed"),
+            target(f"sum by (tier) ({rate('ray_tandem_routing_decisions_total', TIER, INDEX_UNAVAILABLE)})",
+                   "{{tier}} routed without the index"),
+        ], "short", "The router fell back to load-only routing because the prefix index did not answer."),
+    ])
+
+
+DASHBOARDS = {"tandem-slo.json": slo, "tandem-pools.json": pools, "tandem-kv-transfer.json": kv_transfer,
+              "tandem-router.json": router}
+
+
+def render() -> dict[str, str]:
+    return {name: json.dumps(build(), indent=2) + "\n" for name, build in DASHBOARDS.items()}
+
+
+if __name__ == "__main__":
+    OUT.mkdir(parents=True, exist_ok=True)
+    for name, text in render().items():
+        (OUT / name).write_text(text)
+        print(OUT / name)

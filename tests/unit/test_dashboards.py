@@ -1,0 +1,154 @@
+"""The chart's Grafana dashboards (deploy/helm/tandem/dashboards): well-formed, built from
+deploy/helm/build_dashboards.py, querying only metrics tandem exports, and every query is
+PromQL that Prometheus accepts (`promtool check rules` on the queries as recording rules)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from cluster.observability import queries
+from tests.conftest import REPO
+
+CHART = REPO / "deploy" / "helm" / "tandem"
+DASHBOARDS = sorted((CHART / "dashboards").glob("*.json"))
+EXPECTED = {"tandem-slo.json", "tandem-pools.json", "tandem-kv-transfer.json", "tandem-router.json"}
+
+# The metric catalogue (issue 5): what the gateway, the engines and the autoscaler export as Ray
+# metrics, and the one Serve metric the dashboards use.
+_HISTOGRAMS = ["ttft_seconds", "itl_seconds", "e2e_seconds", "prefill_hop_seconds", "decode_first_token_seconds",
+               "routing_decision_seconds"]
+_COUNTERS = ["requests", "http_responses", "prompt_tokens", "output_tokens", "admission_rejected", "route",
+             "decode_retries", "routing_decisions", "routing_predicted_hit_tokens", "routing_prompt_tokens",
+             "kv_events", "prefix_index_unavailable", "autoscaling_decisions",
+             *(f"engine_{name}" for name in (
+                 "generation_tokens", "prompt_tokens_computed", "prompt_tokens_cached", "prompt_tokens_transferred",
+                 "prefix_cache_queries", "prefix_cache_hits", "scheduled_tokens", "steps", "preemptions",
+                 "requests_finished", "kv_transfer_bytes", "kv_transfers", "kv_transfer_seconds",
+                 "kv_transfer_failures"))]
+_GAUGES = ["admission_running", "admission_queued", "engine_requests_running", "engine_requests_waiting",
+           "engine_kv_cache_usage", "autoscaling_target_replicas", "autoscaling_current_replicas"]
+CATALOGUE = {
+    *(f"ray_tandem_{h}_{part}" for h in _HISTOGRAMS for part in ("bucket", "sum", "count")),
+    *(f"ray_tandem_{c}_total" for c in _COUNTERS),
+    *(f"ray_tandem_{g}" for g in _GAUGES),
+    "ray_serve_deployment_replica_healthy",
+}
+METRIC = re.compile(r"\bray_[a-zA-Z0-9_]+")
+
+
+def _load(path: Path) -> dict:
+    return json.loads(path.read_text())
+
+
+def _targets(board: dict) -> list[dict]:
+    return [t for panel in board["panels"] for t in panel.get("targets", [])]
+
+
+def test_the_four_dashboards_are_there():
+    assert {p.name for p in DASHBOARDS} == EXPECTED
+
+
+def test_committed_json_is_what_the_generator_writes():
+    spec = importlib.util.spec_from_file_location("build_dashboards", REPO / "deploy" / "helm" / "build_dashboards.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    rendered = module.render()
+    assert set(rendered) == EXPECTED
+    for path in DASHBOARDS:
+        assert path.read_text() == rendered[path.name], \
+            f"{path.name} differs from its generator: run `python deploy/helm/build_dashboards.py`"
+
+
+@pytest.mark.parametrize("path", DASHBOARDS, ids=lambda p: p.name)
+def test_dashboard_is_well_formed(path):
+    board = _load(path)
+    assert board["uid"] == path.stem and board["title"].startswith("tandem / ")
+    assert 36 <= board["schemaVersion"] <= 41
+    ids = [panel["id"] for panel in board["panels"]]
+    assert len(ids) == len(set(ids)), f"duplicate panel ids in {path.name}"
+    variables = {v["name"]: v for v in board["templating"]["list"]}
+    assert variables["datasource"]["type"] == "datasource" and variables["datasource"]["query"] == "prometheus"
+    assert variables["tier"]["query"]["query"] == "label_values(ray_tandem_requests_total, tier)"
+    for panel in board["panels"]:
+        assert panel["datasource"]["uid"] == "${datasource}", panel["title"]
+        assert panel["targets"], f"{panel['title']} has no query"
+        ref_ids = [t["refId"] for t in panel["targets"]]
+        assert len(ref_ids) == len(set(ref_ids)), panel["title"]
+        for t in panel["targets"]:
+            assert t.get("expr", "").strip(), f"{path.name}: {panel['title']} has a target without expr"
+
+
+def test_dashboards_query_only_catalogued_metrics():
+    used = {name for file, exprs in queries(CHART).items() if file.endswith(".json")
+            for expr in exprs for name in METRIC.findall(expr)}
+    assert used, "no metric found in the dashboards"
+    assert used - CATALOGUE == set(), f"not in the metric catalogue: {sorted(used - CATALOGUE)}"
+    # The panels the issue asks for read these; a missing one means a panel went blank.
+    for name in ("ray_tandem_ttft_seconds_bucket", "ray_tandem_itl_seconds_bucket", "ray_tandem_e2e_seconds_bucket",
+                 "ray_tandem_engine_kv_cache_usage", "ray_tandem_engine_kv_transfer_bytes_total",
+                 "ray_tandem_routing_predicted_hit_tokens_total", "ray_tandem_engine_prefix_cache_hits_total",
+                 "ray_serve_deployment_replica_healthy", "ray_tandem_autoscaling_target_replicas"):
+        assert name in used, name
+
+
+def test_every_query_aggregates_away_rays_per_process_labels():
+    """Ray adds WorkerId, NodeAddress, ... to every series: an unaggregated query draws one
+    line per process, and a ratio of two of them matches nothing."""
+    for path in DASHBOARDS:
+        for t in _targets(_load(path)):
+            assert re.match(r"\s*(histogram_quantile\(|sum|max)", t["expr"]), f"{path.name}: {t['expr']}"
+
+
+def _as_prometheus(expr: str) -> str:
+    """Grafana's variables as Prometheus would see them after substitution."""
+    return expr.replace("$__rate_interval", "5m").replace("$tier", ".*")
+
+
+@pytest.mark.skipif(shutil.which("promtool") is None,
+                    reason="promtool missing: `make test` installs Debian's prometheus package")
+def test_every_query_is_valid_promql(tmp_path):
+    groups = []
+    for path in DASHBOARDS:
+        exprs = [_as_prometheus(t["expr"]) for t in _targets(_load(path))]
+        assert not any("$" in e for e in exprs), f"{path.name}: a Grafana variable left unsubstituted"
+        groups.append({"name": path.stem,
+                       "rules": [{"record": f"dashboard:query_{i}", "expr": e} for i, e in enumerate(exprs)]})
+    rules = tmp_path / "dashboards.rules.yaml"
+    rules.write_text(yaml.safe_dump({"groups": groups}, sort_keys=False))
+    done = subprocess.run(["promtool", "check", "rules", "--lint=none", str(rules)],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stdout + done.stderr
+    checked = sum(len(g["rules"]) for g in groups)
+    assert f"SUCCESS: {checked} rules found" in done.stdout, done.stdout
+
+
+def test_promtool_would_catch_a_broken_query(tmp_path):
+    """The check above really parses: a query with a typo fails it."""
+    if shutil.which("promtool") is None:
+        pytest.skip("promtool missing: `make test` installs Debian's prometheus package")
+    rules = tmp_path / "bad.rules.yaml"
+    rules.write_text(yaml.safe_dump({"groups": [{"name": "bad", "rules": [
+        {"record": "bad:query", "expr": _as_prometheus("sum by (tier) (rate(ray_tandem_requests_total[$__rate_interval])")}]}]}))
+    done = subprocess.run(["promtool", "check", "rules", "--lint=none", str(rules)], capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode != 0 and "unclosed left parenthesis" in (done.stdout + done.stderr)
+
+
+def test_chart_ships_every_dashboard_in_one_small_configmap():
+    helm = pytest.importorskip("helm_python", reason="helm-python-sdk is in the test extra")
+    out = helm.Chart.load(CHART).render({}, name="tandem", namespace="llm", is_install=True)
+    docs = [d for text in out.values() for d in yaml.safe_load_all(text) if d]
+    [configmap] = [d for d in docs if d["kind"] == "ConfigMap" and d["metadata"]["name"].endswith("-dashboards")]
+    assert set(configmap["data"]) == EXPECTED
+    for name, text in configmap["data"].items():
+        assert json.loads(text) == _load(CHART / "dashboards" / name)
+    # Kubernetes refuses a ConfigMap over 1 MiB.
+    assert sum(len(text.encode()) for text in configmap["data"].values()) < 1024 * 1024 // 2

@@ -11,6 +11,7 @@ import os
 import re
 from pathlib import Path
 from typing import Literal, Optional
+from urllib.parse import urlsplit
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
@@ -197,21 +198,67 @@ class GatewayConfig(_Strict):
     max_body_bytes: int = Field(4 * MiB, ge=1024)
 
 
+class RedisTLSConfig(_Strict):
+    """TLS to Redis: used with a rediss:// URL. Files are PEM; None: the system CA bundle, no
+    client certificate."""
+
+    ca_file: Optional[Path] = None
+    cert_file: Optional[Path] = Field(None, description="Client certificate, for Redis' tls-auth-clients.")
+    key_file: Optional[Path] = None
+    verify: bool = Field(True, description="Verify the server's certificate and host name.")
+
+    @model_validator(mode="after")
+    def _check_pair(self) -> "RedisTLSConfig":
+        if (self.cert_file is None) != (self.key_file is None):
+            raise ValueError("routing.index.redis_tls: cert_file and key_file go together")
+        return self
+
+
 class RoutingIndexConfig(_Strict):
     """Where the prefix index lives (router/prefix_index/). `memory`: inside the gateway (one
     gateway replica). `redis`: shared by several gateway replicas; if Redis is unreachable,
-    routing falls back to load only and recovers when it returns."""
+    routing falls back to load only and recovers when it returns. A wrong password fails the
+    gateway's start with a clear error instead."""
 
     backend: Literal["memory", "redis"] = "memory"
-    redis_url: Optional[str] = Field(None, description="e.g. redis://127.0.0.1:6379/0; required for redis.")
+    redis_url: Optional[str] = Field(None, description="e.g. redis://127.0.0.1:6379/0 (rediss:// for TLS); "
+                                                       "required for redis. No password in it: URLs get logged.")
+    # The password: from an environment variable (deployments; the Helm chart fills it from a
+    # Secret) or plaintext here (local runs, tests). At most one.
     redis_password: Optional[SecretStr] = None
+    redis_password_env: Optional[str] = None
+    redis_username: Optional[str] = Field(None, description="Redis ACL user; None: the default user.")
+    redis_tls: Optional[RedisTLSConfig] = None
     key_prefix: str = "tandem:"
 
     @model_validator(mode="after")
     def _check_redis(self) -> "RoutingIndexConfig":
         if self.backend == "redis" and not self.redis_url:
             raise ValueError("routing.index.redis_url is required when routing.index.backend is redis")
+        if self.redis_password is not None and self.redis_password_env is not None:
+            raise ValueError("routing.index: give redis_password or redis_password_env, not both")
+        if self.redis_url:
+            parts = urlsplit(self.redis_url)
+            if parts.scheme not in ("redis", "rediss"):
+                raise ValueError(f"routing.index.redis_url must start with redis:// or rediss:// (got {parts.scheme}://)")
+            if parts.password:
+                raise ValueError("routing.index.redis_url holds a password: URLs end up in logs; put it in "
+                                 "routing.index.redis_password_env (or redis_password) instead")
+            if self.redis_tls is not None and parts.scheme != "rediss":
+                raise ValueError("routing.index.redis_tls needs a rediss:// redis_url")
         return self
+
+    def resolve_redis_password(self) -> Optional[str]:
+        """The password itself; errors name the variable, never the value."""
+        if self.redis_password is not None:
+            return self.redis_password.get_secret_value()
+        if self.redis_password_env is not None:
+            value = os.environ.get(self.redis_password_env, "")
+            if not value:
+                raise ValueError(f"routing.index.redis_password_env: environment variable "
+                                 f"{self.redis_password_env} is not set")
+            return value
+        return None
 
 
 class RoutingConfig(_Strict):
@@ -272,10 +319,19 @@ class ApiKeySource(_Strict):
         return key
 
 
+class RateLimitConfig(_Strict):
+    """Per-tenant limits at the gateway (router/ratelimit.py), per gateway replica; unset: none.
+    A request costs 1 request and prompt tokens + max_tokens tokens; over a limit: 429."""
+
+    requests_per_minute: Optional[int] = Field(None, ge=1)
+    tokens_per_minute: Optional[int] = Field(None, ge=1)
+
+
 class TenantConfig(_Strict):
     tier: str = Field(description="The tier of this tenant's requests.")
     # Tiers the tenant may pick per request with the tier header (its own tier always).
     allowed_tiers: tuple[str, ...] = ()
+    rate_limit: RateLimitConfig = RateLimitConfig()
 
 
 class AuthConfig(_Strict):

@@ -98,6 +98,11 @@ class ApiKeyAuth:
             raise unauthorized("Incorrect API key provided. Check the key you were given.")
         return grant
 
+    def tenant_of(self, headers: Mapping[str, str]) -> Optional[str]:
+        """The caller's tenant (None when the API is open); 401 like `authenticate`."""
+        grant = self.authenticate(headers)
+        return grant.tenant if grant else None
+
     def tier_of(self, headers: Mapping[str, str]) -> str:
         """The edge hook: authenticate, then pick the request's tier (401 / 400 / 403)."""
         grant = self.authenticate(headers)

@@ -33,6 +33,7 @@ from router.openai.errors import (
     request_id_of,
     service_unavailable,
 )
+from router.openai.openapi import body_of, generation_responses, health_responses, install_openapi, read_responses
 from router.openai.protocol import ChatCompletionRequest, CompletionRequest, parse_request
 from router.openai.sampling import sampling_extras
 from router.openai.tools import ToolCalling, tool_result
@@ -114,6 +115,10 @@ async def read_json_body(request: Request, limit: int) -> Any:
 # The auth hook: request headers → the request's tier (None: the default tier). It raises an
 # OpenAIError (401/403/400) to refuse; it runs first on /v1/* (router/auth.py is the real one).
 Authenticate = Callable[[Mapping[str, str]], Optional[str]]
+# The rate-limit hook: (request headers, the request's token cost: prompt + max_tokens) → None,
+# or an OpenAIError 429 to refuse. It runs after validation, before any engine work
+# (router/ratelimit.py is the real one).
+RateLimit = Callable[[Mapping[str, str], int], None]
 
 
 def build_openai_app(
@@ -121,14 +126,16 @@ def build_openai_app(
     *,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
     authenticate: Optional[Authenticate] = None,
+    rate_limit: Optional[RateLimit] = None,
     tool_calling: Optional[ToolCalling] = None,
 ) -> FastAPI:
     """The OpenAI-compatible app for one backend. No globals: build as many as you like.
     `tool_calling` (the model's vLLM tool parser) serves `tools`; without it they get a 400."""
     tools = tool_calling or ToolCalling(None, None)
-    app = FastAPI(title="tandem OpenAI edge", docs_url=None, redoc_url=None, openapi_url=None)
+    app = FastAPI(title="tandem OpenAI edge", docs_url=None, redoc_url=None, openapi_url="/openapi.json")
     app.add_middleware(RequestIdMiddleware)
     install_exception_handlers(app)
+    install_openapi(app)
     created = int(time.time())
 
     def model_card() -> dict[str, Any]:
@@ -143,19 +150,19 @@ def build_openai_app(
     def tier_of(request: Request) -> Optional[str]:
         return authenticate(request.headers) if authenticate is not None else None
 
-    @app.get("/v1/models")
+    @app.get("/v1/models", responses=read_responses())
     async def list_models(request: Request) -> dict[str, Any]:
         tier_of(request)
         return {"object": "list", "data": [model_card()]}
 
-    @app.get("/v1/models/{model:path}")
+    @app.get("/v1/models/{model:path}", responses=read_responses())
     async def get_model(model: str, request: Request) -> dict[str, Any]:
         tier_of(request)
         if model != backend.model_id:
             raise not_found(model)
         return model_card()
 
-    @app.get("/health")
+    @app.get("/health", responses=health_responses())
     async def health() -> JSONResponse:
         try:
             info = dict(await backend.health())
@@ -166,11 +173,12 @@ def build_openai_app(
             return JSONResponse({"status": "ready", **info})
         raise service_unavailable("The model is not ready to serve requests.", details=info)
 
-    @app.post("/v1/completions")
+    @app.post("/v1/completions", openapi_extra=body_of(CompletionRequest), responses=generation_responses())
     async def completions(request: Request) -> Response:
         return await _serve(request, chat=False)
 
-    @app.post("/v1/chat/completions")
+    @app.post("/v1/chat/completions", openapi_extra=body_of(ChatCompletionRequest),
+              responses=generation_responses())
     async def chat_completions(request: Request) -> Response:
         return await _serve(request, chat=True)
 
@@ -231,6 +239,8 @@ def build_openai_app(
         tool_request = tools.prepare(req) if isinstance(req, ChatCompletionRequest) and req.calls_tools() else None
         prompt_ids = tokenize(req)
         sampling = sampling_of(req, len(prompt_ids), tool_request.structured if tool_request else req.structured_output())
+        if rate_limit is not None:
+            rate_limit(request.headers, len(prompt_ids) + sampling.max_tokens)
         engine_id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
         engine_request = EngineRequest(engine_id, tuple(prompt_ids), sampling, tier=tier)
         logger.debug("request %s -> %s, %d prompt tokens", edge_id, engine_id, len(prompt_ids))

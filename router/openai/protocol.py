@@ -36,6 +36,10 @@ _UNSUPPORTED_CHAT: dict[str, tuple[Any, ...]] = {
     "function_call": (None, "none", "auto"),
 }
 MAX_LOGPROBS = 20  # vLLM's default max_logprobs per engine
+# Integers the engine stores in fixed-width tensors: beyond these an engine step would fail
+# (seed: a 64-bit torch generator, as vLLM's own server checks; top_k: int32).
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+INT32_MAX = 2**31 - 1
 
 
 def _same(value: Any, default: Any) -> bool:
@@ -61,11 +65,14 @@ class _Request(BaseModel):
     max_tokens: Optional[int] = Field(default=None, gt=0)
     temperature: Optional[float] = Field(default=None, ge=0.0, le=2.0)
     top_p: Optional[float] = Field(default=None, gt=0.0, le=1.0)
-    seed: Optional[int] = None
-    stop: Optional[Union[str, list[str]]] = None
+    seed: Optional[int] = Field(default=None, ge=INT64_MIN, le=INT64_MAX)
+    stop: Optional[Union[str, list[str]]] = Field(default=None, json_schema_extra={"anyOf": [
+        {"type": "string", "minLength": 1},
+        {"type": "array", "items": {"type": "string", "minLength": 1}, "maxItems": MAX_STOP_SEQUENCES},
+        {"type": "null"}]})
     stream: Optional[bool] = False
     stream_options: Optional[StreamOptions] = None
-    n: Optional[int] = None
+    n: Optional[int] = Field(default=None, json_schema_extra={"enum": [1, None]})
     user: Optional[str] = None
     presence_penalty: Optional[float] = Field(default=None, ge=-2.0, le=2.0)
     frequency_penalty: Optional[float] = Field(default=None, ge=-2.0, le=2.0)
@@ -73,8 +80,9 @@ class _Request(BaseModel):
     ignore_eos: Optional[bool] = False
     min_tokens: Optional[int] = Field(default=None, ge=0)
     return_token_ids: Optional[bool] = False
-    stop_token_ids: Optional[list[int]] = None
-    top_k: Optional[int] = Field(default=None, ge=-1)
+    stop_token_ids: Optional[list[int]] = Field(default=None, json_schema_extra={"anyOf": [
+        {"type": "array", "items": {"type": "integer", "minimum": 0}}, {"type": "null"}]})
+    top_k: Optional[int] = Field(default=None, ge=-1, le=INT32_MAX)
     min_p: Optional[float] = Field(default=None, ge=0.0, le=1.0)
     repetition_penalty: Optional[float] = Field(default=None, gt=0.0, le=2.0)
     structured_outputs: Optional[StructuredOutputs] = None
@@ -139,7 +147,12 @@ class CompletionRequest(_Request):
     unsupported: ClassVar[dict[str, tuple[Any, ...]]] = _UNSUPPORTED_COMPLETION
     DEFAULT_MAX_TOKENS: ClassVar[int] = 16  # OpenAI's default for completions
 
-    prompt: Any
+    # Checked by _check_prompt; the schema says the same for /openapi.json.
+    prompt: Any = Field(json_schema_extra={"anyOf": [
+        {"type": "string", "minLength": 1},
+        {"type": "array", "items": {"type": "integer", "minimum": 0}, "minItems": 1},
+        {"type": "array", "items": {"type": "string", "minLength": 1}, "minItems": 1, "maxItems": 1},
+    ]})
     logprobs: Optional[int] = Field(default=None, ge=0, le=MAX_LOGPROBS)
 
     def num_logprobs(self) -> Optional[int]:
@@ -174,13 +187,20 @@ class TextPart(BaseModel):
     text: str
 
 
+_TEXT_PART_SCHEMA = {"type": "object", "required": ["type", "text"], "additionalProperties": False,
+                     "properties": {"type": {"const": "text"}, "text": {"type": "string"}}}
+
+
 class ChatMessage(BaseModel):
     """One conversation turn. Only text content; parts are joined the way vLLM joins them."""
 
     model_config = ConfigDict(strict=True, extra="forbid")
 
     role: Literal["system", "user", "assistant", "tool"]
-    content: Any  # required; null only on an assistant turn with tool_calls
+    # Required; null only on an assistant turn with tool_calls. Checked by _check_content.
+    content: Any = Field(json_schema_extra={"anyOf": [
+        {"type": "string"}, {"type": "null"}, {"type": "array", "items": _TEXT_PART_SCHEMA},
+    ]})
     name: Optional[str] = None
     tool_calls: Optional[list[dict[str, Any]]] = None  # an assistant turn that called tools
     tool_call_id: Optional[str] = None  # a tool turn: which call this answers

@@ -24,8 +24,11 @@ def sampling_extras(
     if isinstance(vocab_size, int) and any(i >= vocab_size for i in stop_ids):
         raise bad_request(f"Token ids in 'stop_token_ids' must be below the vocabulary size {vocab_size}.",
                           "stop_token_ids")
+    top_k = 0 if req.top_k in (None, -1) else req.top_k
+    if isinstance(vocab_size, int) and top_k >= vocab_size:
+        top_k = 0  # the whole vocabulary: the same as no top-k, and the engine's kernels need k <= vocab
     return {
-        "top_k": 0 if req.top_k in (None, -1) else req.top_k,
+        "top_k": top_k,
         "min_p": req.min_p or 0.0,
         "stop_token_ids": stop_ids,
         "presence_penalty": req.presence_penalty or 0.0,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Any, Optional
 
 from router.prefix_index.base import (
     AllBlocksCleared,
@@ -19,8 +19,8 @@ __all__ = ["AllBlocksCleared", "BlockRemoved", "BlockStored", "IndexUnavailable"
 
 
 def make_index(backend: str, *, redis_url: Optional[str] = None, redis_password: Optional[str] = None,
-               prefix: str = "tandem:") -> PrefixIndex:
-    """The index the routing config asks for: "memory" or "redis"."""
+               redis_username: Optional[str] = None, redis_tls: Any = None, prefix: str = "tandem:") -> PrefixIndex:
+    """The index the routing config asks for: "memory" or "redis" (`redis_tls`: a RedisTLS)."""
     if backend == "memory":
         return MemoryPrefixIndex()
     if backend == "redis":
@@ -28,5 +28,6 @@ def make_index(backend: str, *, redis_url: Optional[str] = None, redis_password:
 
         if not redis_url:
             raise ValueError("routing.index.redis_url is required for the redis backend")
-        return RedisPrefixIndex(redis_url, password=redis_password, prefix=prefix)
+        return RedisPrefixIndex(redis_url, password=redis_password, username=redis_username, tls=redis_tls,
+                                prefix=prefix)
     raise ValueError(f"unknown prefix index backend {backend!r}: use memory or redis")

@@ -7,11 +7,22 @@ Layout (all keys under `prefix`): `<prefix>b:<hash>` is a SET of workers holding
 Every Redis error (refused, timeout, reset) becomes `IndexUnavailable`; timeouts are short
 so routing never waits long on a Redis that went away. The redis-py client reconnects by
 itself on the next call, so the index recovers as soon as Redis is back.
+
+Credentials are the exception: a Redis that refuses the password (or needs one we lack) is
+a configuration error, not an outage, so the index raises `RedisAuthError` when it is built
+instead of routing on load only forever. A Redis that is merely down at that moment is fine.
+
+TLS: a `rediss://` URL; `RedisTLS` adds the CA bundle, a client certificate (mutual TLS) and
+whether to verify the server.
 """
 
 from __future__ import annotations
 
-from typing import Iterable, Optional, Sequence
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable, Optional, Sequence
+from urllib.parse import urlsplit
 
 import redis
 
@@ -25,14 +36,61 @@ from router.prefix_index.base import (
 )
 
 
+log = logging.getLogger(__name__)
+
+
+class RedisAuthError(ValueError):
+    """Redis refused our credentials: fix the config (the message says which fields)."""
+
+
+@dataclass(frozen=True)
+class RedisTLS:
+    ca_file: Optional[Path] = None  # None: the system's CA bundle
+    cert_file: Optional[Path] = None  # client certificate and key, for Redis' tls-auth-clients
+    key_file: Optional[Path] = None
+    verify: bool = True  # verify the server's certificate and host name
+
+
+def client_kwargs(url: str, *, password: Optional[str] = None, username: Optional[str] = None,
+                  tls: Optional[RedisTLS] = None, timeout_s: float = 0.25) -> dict[str, Any]:
+    """Keyword arguments of `redis.Redis.from_url(url, ...)` for the index."""
+    scheme = urlsplit(url).scheme
+    if tls is not None and scheme != "rediss":
+        raise ValueError(f"Redis TLS options need a rediss:// URL (got {scheme}://)")
+    kwargs: dict[str, Any] = {"socket_timeout": timeout_s, "socket_connect_timeout": timeout_s,
+                              "retry_on_timeout": False}
+    if password is not None:
+        kwargs["password"] = password
+    if username is not None:
+        kwargs["username"] = username
+    if scheme == "rediss":
+        tls = tls or RedisTLS()
+        kwargs.update(ssl_cert_reqs="required" if tls.verify else "none", ssl_check_hostname=tls.verify)
+        for key, path in (("ssl_ca_certs", tls.ca_file), ("ssl_certfile", tls.cert_file), ("ssl_keyfile", tls.key_file)):
+            if path is not None:
+                kwargs[key] = str(path)
+    return kwargs
+
+
 class RedisPrefixIndex:
-    def __init__(self, url: str, *, password: Optional[str] = None, prefix: str = "tandem:",
-                 timeout_s: float = 0.25):
+    def __init__(self, url: str, *, password: Optional[str] = None, username: Optional[str] = None,
+                 tls: Optional[RedisTLS] = None, prefix: str = "tandem:", timeout_s: float = 0.25):
         self._prefix = prefix
         self._redis = redis.Redis.from_url(
-            url, password=password, socket_timeout=timeout_s, socket_connect_timeout=timeout_s,
-            retry_on_timeout=False,
-        )
+            url, **client_kwargs(url, password=password, username=username, tls=tls, timeout_s=timeout_s))
+        self._check_credentials(url)
+
+    def _check_credentials(self, url: str) -> None:
+        where = urlsplit(url).hostname or "?"
+        where += f":{urlsplit(url).port or 6379}"
+        try:
+            self._redis.ping()
+        except (redis.AuthenticationError, redis.ResponseError) as exc:
+            raise RedisAuthError(
+                f"Redis at {where} refused the prefix index's credentials ({exc}). Check "
+                "routing.index.redis_password / redis_password_env / redis_username.") from None
+        except redis.RedisError as exc:  # down or unreachable for now: routing falls back to load
+            log.warning("Redis at %s is not reachable yet (%s); routing on load until it is", where, exc)
 
     def _b(self, h: int) -> str:
         return f"{self._prefix}b:{h}"

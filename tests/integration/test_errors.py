@@ -59,6 +59,36 @@ def test_prompt_over_context_is_400_naming_the_limit(base_url):
     assert str(MAX_MODEL_LEN) in _assert_openai_error(resp, 400)["message"]
 
 
+@pytest.mark.parametrize("body, param, code", [
+    ({"max_tokens": 0}, "max_tokens", "invalid_value"),
+    ({"max_tokens": -5}, "max_tokens", "invalid_value"),
+    ({"max_tokens": 10**30}, "prompt", "context_length_exceeded"),  # huge: the context says no
+    ({"seed": 2**64}, "seed", "invalid_value"),  # beyond the engine's 64-bit generator
+    ({"temperature": "hot"}, "temperature", "invalid_value"),
+    ({"best_of": 3}, "best_of", "unsupported_parameter"),  # OpenAI's, not served here
+    ({"frobnicate": True}, "frobnicate", "unknown_parameter"),  # nobody's
+])
+def test_bad_parameters_are_clear_400s(base_url, body, param, code):
+    resp = httpx.post(f"{base_url}/v1/completions", json={"model": MODEL_NAME, "prompt": "hi", **body}, timeout=30)
+    error = _assert_openai_error(resp, 400)
+    assert (error["param"], error["code"]) == (param, code), error
+
+
+def test_invalid_utf8_is_400(base_url):
+    raw = b'{"model": "' + MODEL_NAME.encode() + b'", "prompt": "caf\xe9"}'  # Latin-1, not UTF-8
+    resp = httpx.post(f"{base_url}/v1/completions", content=raw, headers={"Content-Type": "application/json"},
+                      timeout=30)
+    assert "UTF-8" in _assert_openai_error(resp, 400)["message"]
+
+
+def test_body_over_the_configured_size_is_413(cluster, base_url):
+    limit = cluster.cfg.gateway.max_body_bytes
+    body = {"model": MODEL_NAME, "prompt": "x" * (limit + 1)}
+    resp = httpx.post(f"{base_url}/v1/completions", json=body, timeout=60)
+    error = _assert_openai_error(resp, 413)
+    assert str(limit) in error["message"] and error["code"] == "payload_too_large"
+
+
 def test_cluster_still_serves_after_bad_input(base_url):
     resp = httpx.post(f"{base_url}/v1/completions",
                       json={"model": MODEL_NAME, "prompt": "Still alive?", "max_tokens": 4}, timeout=120)

@@ -236,6 +236,30 @@ def test_redis_backend_needs_a_redis(chart):
     assert not by_kind(docs, "Deployment")  # no built-in Redis
 
 
+def test_redis_password_comes_from_a_secret(chart):
+    values = {"cluster": {"routing": {"index": {"backend": "redis"}}},
+              "redis": {"builtin": True, "passwordSecret": {"name": "redis-auth", "key": "pw"}}}
+    docs = render(chart, values)
+    index = serve_config(docs)["applications"][0]["args"]["cluster"]["routing"]["index"]
+    assert index["redis_password_env"] == "TANDEM_REDIS_PASSWORD" and "redis_password" not in index
+    from_secret = {"secretKeyRef": {"name": "redis-auth", "key": "pw"}}
+    [rayservice] = by_kind(docs, "RayService")
+    cluster_spec = rayservice["spec"]["rayClusterConfig"]
+    pods = [cluster_spec["headGroupSpec"], *cluster_spec["workerGroupSpecs"]]
+    for pod in pods:
+        for container in pod["template"]["spec"]["containers"]:
+            assert {"name": "TANDEM_REDIS_PASSWORD", "valueFrom": from_secret} in container["env"]
+    [redis] = by_kind(docs, "Deployment")
+    [server] = redis["spec"]["template"]["spec"]["containers"]
+    assert server["args"][-2:] == ["--requirepass", "$(REDIS_PASSWORD)"]
+    assert server["env"] == [{"name": "REDIS_PASSWORD", "valueFrom": from_secret}]
+    assert "pw" not in str(rayservice["spec"]["serveConfigV2"])
+    # No Secret named: no password anywhere.
+    plain = render(chart, {"cluster": {"routing": {"index": {"backend": "redis"}}}, "redis": {"builtin": True}})
+    assert "redis_password_env" not in serve_config(plain)["applications"][0]["args"]["cluster"]["routing"]["index"]
+    assert "--requirepass" not in by_kind(plain, "Deployment")[0]["spec"]["template"]["spec"]["containers"][0]["args"]
+
+
 def test_network_policies_keep_workers_and_redis_private(chart):
     docs = render(chart, preset_values("everything"))
     policies = {p["metadata"]["name"]: p["spec"] for p in by_kind(docs, "NetworkPolicy")}

@@ -68,6 +68,8 @@ def test_missing_fields_are_named(client, path: str, body: dict[str, Any], param
         (COMPLETIONS, completion(top_p=0), "top_p"),
         (COMPLETIONS, completion(stream="yes"), "stream"),
         (COMPLETIONS, completion(seed="1"), "seed"),
+        (COMPLETIONS, completion(seed=2**64), "seed"),  # the engine's generator is 64-bit
+        (COMPLETIONS, completion(top_k=2**31), "top_k"),
         (COMPLETIONS, completion(model=3), "model"),
         (COMPLETIONS, completion(stop=["a", "b", "c", "d", "e"]), "stop"),
         (COMPLETIONS, completion(stop=[""]), "stop"),

@@ -93,6 +93,9 @@ provides filled in where the user left it unset (see values.yaml).
 {{- end -}}
 {{- $_ := set $index "redis_url" $url -}}
 {{- end -}}
+{{- if and .Values.redis.passwordSecret.name (not $index.redis_password) (not $index.redis_password_env) -}}
+{{- $_ := set $index "redis_password_env" "TANDEM_REDIS_PASSWORD" -}}
+{{- end -}}
 {{- $_ := set $routing "index" $index -}}
 {{- $_ := set $cfg "routing" $routing -}}
 {{- end -}}
@@ -100,7 +103,8 @@ provides filled in where the user left it unset (see values.yaml).
 {{- end -}}
 
 {{/*
-Environment of every Ray container: API keys from the Secret, and the KV transfer extras.
+Environment of every Ray container: API keys and the Redis password from their Secrets, and
+the KV transfer extras.
 */}}
 {{- define "tandem.env" -}}
 {{- $auth := .Values.cluster.auth | default dict -}}
@@ -113,6 +117,13 @@ Environment of every Ray container: API keys from the Secret, and the KV transfe
       key: {{ $key.env }}
 {{- end -}}
 {{- end -}}
+{{- with .Values.redis.passwordSecret }}{{- if .name }}
+- name: TANDEM_REDIS_PASSWORD
+  valueFrom:
+    secretKeyRef:
+      name: {{ .name }}
+      key: {{ .key }}
+{{- end }}{{- end }}
 {{- range $name, $value := .Values.kvTransfer.env }}
 - name: {{ $name }}
   value: {{ $value | quote }}

@@ -5,6 +5,7 @@
     tandem prepare-model [--dest D]   convert the default model (SmolLM2-135M-Instruct) once
     tandem tiny-model DEST            generate the tiny test model
     tandem check-config FILE          validate a cluster YAML and print it resolved
+    tandem grafana-push --url URL     upload the dashboards to Grafana (token: --token or GRAFANA_TOKEN)
 """
 
 from __future__ import annotations
@@ -115,6 +116,13 @@ def cmd_check_config(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_grafana_push(args: argparse.Namespace) -> int:
+    from cluster import grafana
+
+    return grafana.run(args.url, args.token or os.environ.get("GRAFANA_TOKEN"), args.folder or grafana.DEFAULT_FOLDER,
+                       args.dir or grafana.DEFAULT_DIR)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="tandem", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -131,6 +139,13 @@ def main(argv: list[str] | None = None) -> int:
     check = sub.add_parser("check-config", help="validate a cluster YAML")
     check.add_argument("config", type=Path)
     check.set_defaults(fn=cmd_check_config)
+    push = sub.add_parser("grafana-push", help="create or overwrite the dashboards in a Grafana folder")
+    push.add_argument("--url", required=True, help="Grafana's base URL, e.g. http://grafana:3000")
+    push.add_argument("--token", help="service account token (Editor); default: $GRAFANA_TOKEN, which keeps it "
+                                      "out of the process list")
+    push.add_argument("--folder", help="Grafana folder (default: tandem)")
+    push.add_argument("--dir", type=Path, help="folder of dashboard JSON files (default: the chart's, deploy/helm/tandem/dashboards)")
+    push.set_defaults(fn=cmd_grafana_push)
     args = parser.parse_args(argv)
     return args.fn(args)
 

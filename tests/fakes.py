@@ -7,6 +7,7 @@ contract, validation, streaming, aborts); end-to-end tests use real engines.
 from __future__ import annotations
 
 import asyncio
+import json
 from typing import Any, AsyncIterator, Mapping, Optional, Sequence
 
 from cluster.protocol import EngineRequest, TokenChunk
@@ -287,3 +288,77 @@ class RecordingMetric:
 
         def set(self, value: float) -> None:
             self.parent.calls.append((self.labels, "set", value))
+
+
+class FakeGrafana:
+    """A tiny Grafana HTTP API on 127.0.0.1 (http.server in a thread) for `tandem grafana-push`:
+    the folder and dashboard routes the push uses, each request recorded as
+    (method, path, Authorization header, JSON body). `status` makes every request answer that
+    HTTP status with Grafana's error shape, e.g. 401 for a rejected token."""
+
+    def __init__(self, token: str, status: int | None = None) -> None:
+        import http.server
+        import threading
+
+        self.token, self.status = token, status
+        self.requests: list[tuple[str, str, str, Any]] = []
+        self.folders: dict[str, str] = {}  # uid -> title
+        self.dashboards: dict[str, dict] = {}  # uid -> the stored POST body
+        fake = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def log_message(self, *args) -> None:  # keep test output clean
+                pass
+
+            def _answer(self, status: int, body: Any) -> None:
+                data = json.dumps(body).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def _handle(self) -> None:
+                length = int(self.headers.get("Content-Length") or 0)
+                body = json.loads(self.rfile.read(length)) if length else None
+                fake.requests.append((self.command, self.path, self.headers.get("Authorization", ""), body))
+                status, answer = fake._route(self.command, self.path.split("?")[0],
+                                             self.headers.get("Authorization", ""), body)
+                self._answer(status, answer)
+
+            do_GET = do_POST = do_PUT = _handle
+
+        self._server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+
+    def __enter__(self) -> "FakeGrafana":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+
+    def _route(self, method: str, path: str, auth: str, body: Any) -> tuple[int, Any]:
+        if self.status is not None:
+            return self.status, {"message": f"fake Grafana answers {self.status}"}
+        if auth != f"Bearer {self.token}":
+            return 401, {"message": "invalid API key"}
+        if (method, path) == ("GET", "/api/folders"):
+            return 200, [{"id": i, "uid": uid, "title": title} for i, (uid, title) in enumerate(self.folders.items())]
+        if (method, path) == ("POST", "/api/folders"):
+            if body["title"] in self.folders.values():
+                return 409, {"message": "a folder with the same name already exists"}
+            self.folders[body["uid"]] = body["title"]
+            return 200, {"uid": body["uid"], "title": body["title"]}
+        if (method, path) == ("POST", "/api/dashboards/db"):
+            uid = body["dashboard"]["uid"]
+            if body.get("folderUid") not in self.folders:
+                return 400, {"message": "folder not found"}
+            if uid in self.dashboards and not body.get("overwrite"):
+                return 412, {"message": "A dashboard with the same uid already exists", "status": "name-exists"}
+            version = self.dashboards.get(uid, {}).get("version", 0) + 1
+            self.dashboards[uid] = {**body, "version": version}
+            return 200, {"uid": uid, "url": f"/d/{uid}/x", "status": "success", "version": version}
+        return 404, {"message": "Not found"}

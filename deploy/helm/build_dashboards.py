@@ -213,7 +213,8 @@ def router() -> dict:
             for q in (0.5, 0.99)
         ], "s"),
         panel("KV cache events", [target(f"sum by (kind) ({rate('ray_tandem_kv_events_total', NO_LABELS)})", "{{kind}}")],
-              "short", "Block stored/removed events the engines publish to the prefix index.", stacked=True),
+              "short", "The router's handling of the engines' KV-event streams: batches applied, gaps, "
+              "replays, resets, index down.", stacked=True),
         panel("Prefix index unavailable", [
             target(f"sum({rate('ray_tandem_prefix_index_unavailable_total', NO_LABELS)})", "index lookups failed"),
             target(f"sum by (tier) ({rate('ray_tandem_routing_decisions_total', TIER, INDEX_UNAVAILABLE)})",

@@ -1,58 +1,69 @@
-"""TTFT through the tandem cluster against the same model served by one vLLM engine directly,
-side by side in one run, plus cold start to ready and memory per engine. Writes JSON.
+"""Cluster overhead: TTFT and ITL at concurrency 1 through tandem (gateway, router, prefill
+hop, KV transfer, decode) against the same model served by one vLLM engine directly, for a
+short prompt (small KV transfer) and a long one, side by side in one run; plus cold start
+to ready, memory per engine and the share of TTFT spent in the KV transfer. Writes JSON.
 
-    python -m cluster.bench.ttft_vs_direct [--config FILE] [--requests 30] [--out runs/bench]
+    flock /tmp/tandem-cluster.lock .venv/bin/python -m cluster.bench.ttft_vs_direct [--config FILE] [--requests 20]
 
 Both sides get the same model, dtype, KV cache size and one CPU core per engine (the direct
-engine is bound to the core the prefill engine uses). Each request gets a distinct prefix so
-no prompt is served from a prefix cache; TTFT is measured from the request to the first
-streamed content chunk at concurrency 1.
+engine is bound to the core the prefill engine uses); only the config's default tier is
+started, so no idle engine of another tier shares the cores. Prompts are random token ids,
+distinct per request, so nothing is served from a prefix cache; streaming /v1/completions
+with ignore_eos and a fixed max_tokens. TTFT: request sent → first streamed token; ITL: a
+request's mean inter-token latency. The KV transfer time is vLLM's own NIXL transfer-duration
+histogram on the decode engine (EngineStats.kv_transfer_seconds), averaged per request.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import os
 import platform
-import subprocess
+import random
 import sys
 import time
 from pathlib import Path
 
-import httpx
 import psutil
 
+from cluster.bench.engines import DirectEngines, DirectEngineSpec
+from cluster.bench.loadgen import stream_one
 from cluster.bench.stats import latency_summary
+from cluster.bench.workload import ScheduledRequest
 from cluster.config import ClusterConfig
-from cluster.local import LocalCluster
 
+RESULTS = Path(__file__).resolve().parent / "results"
 DIRECT_PORT = 8100
-BODY_TEXT = (
-    "Summarize the following notes about running language models in production. "
-    "Prefill is compute-bound, decode is bandwidth-bound, and mixing them on one engine makes "
-    "each wait for the other. Disaggregation moves the finished KV cache between pools. "
-) * 4
 
 
-def measure_ttft(url: str, model: str, n: int, warmup: int = 3) -> list[float]:
-    ttfts = []
-    with httpx.Client(timeout=120) as client:
-        for i in range(warmup + n):
-            body = {"model": model, "max_tokens": 16, "temperature": 0, "stream": True,
-                    "messages": [{"role": "user", "content": f"Request {i} of a benchmark. {BODY_TEXT}"}]}
-            t0 = time.perf_counter()
-            with client.stream("POST", f"{url}/v1/chat/completions", json=body) as resp:
-                resp.raise_for_status()
-                first = None
-                for line in resp.iter_lines():
-                    if first is None and line.startswith("data: {") and '"content"' in line:
-                        first = time.perf_counter() - t0
-            if i >= warmup:
-                ttfts.append(first * 1000)
-            print(f"  {'warmup' if i < warmup else 'request'} {i + 1}/{warmup + n}: TTFT {first * 1000:.1f} ms",
-                  flush=True)
-    return ttfts
+def prompts(name: str, tokens: int, n: int, seed: int) -> list[tuple[int, ...]]:
+    rng = random.Random(f"{seed}:{name}")
+    return [tuple(rng.randrange(1000, 40000) for _ in range(tokens)) for _ in range(n)]
+
+
+def measure(url: str, model: str, name: str, batch: list[tuple[int, ...]], max_tokens: int, warmup: int) -> dict:
+    """Requests one at a time; the first `warmup` are not counted."""
+    async def run() -> list:
+        import httpx
+
+        out = []
+        async with httpx.AsyncClient(timeout=300) as client:
+            for i, prompt in enumerate(batch):
+                rec = await stream_one(client, url, model, ScheduledRequest(i, 0.0, name, prompt, max_tokens))
+                if rec.error:
+                    raise RuntimeError(f"{name} request {i} failed: {rec.error}")
+                print(f"  {name} {'warmup' if i < warmup else 'request'} {i + 1}/{len(batch)}: "
+                      f"TTFT {rec.ttft_s * 1000:.1f} ms, ITL {rec.mean_itl_s * 1000:.1f} ms", flush=True)
+                if i >= warmup:
+                    out.append(rec)
+        return out
+
+    records = asyncio.run(run())
+    ttft = [r.ttft_s * 1000 for r in records]
+    itl = [r.mean_itl_s * 1000 for r in records]
+    return {"ttft": latency_summary(ttft), "itl": latency_summary(itl), "ttft_ms": [round(v, 2) for v in ttft]}
 
 
 def tree_pss_mib(root: psutil.Process) -> float:
@@ -75,84 +86,121 @@ def replica_memory_mib() -> dict[str, float]:
     return out
 
 
-def run_cluster(cfg: ClusterConfig, n: int) -> dict:
+def decode_stats(cfg: ClusterConfig):
+    from ray import serve
+
+    from cluster.app import deployment_name
+
+    handle = serve.get_deployment_handle(deployment_name(cfg.default_tier, "decode"), app_name="tandem")
+    return handle.stats.remote().result()
+
+
+def run_cluster(cfg: ClusterConfig, cases: dict, args) -> dict:
+    from cluster.local import LocalCluster
+
     cluster = LocalCluster(cfg)
     t0 = time.monotonic()
     cluster.start()
-    cold_start = time.monotonic() - t0
+    out = {}
     try:
-        memory = replica_memory_mib()
-        print("[bench] tandem cluster TTFT", flush=True)
-        ttft = measure_ttft(cluster.url, cfg.model.served_name, n)
+        out["cold_start_to_ready_s"] = round(time.monotonic() - t0, 1)
+        out["memory_pss_mib"] = replica_memory_mib()
+        for name, batch in cases.items():
+            print(f"[bench] tandem cluster, {name} prompt ({len(batch[0])} tokens)", flush=True)
+            measure(cluster.url, cfg.model.served_name, name, batch[:args.warmup], args.max_tokens, args.warmup)
+            time.sleep(1)  # the warm-up's transfer stats reach the engine's metrics
+            before = decode_stats(cfg)
+            result = measure(cluster.url, cfg.model.served_name, name, batch[args.warmup:], args.max_tokens, 0)
+            time.sleep(1)
+            after = decode_stats(cfg)
+            transfers = after.kv_transfers - before.kv_transfers
+            seconds = after.kv_transfer_seconds - before.kv_transfer_seconds
+            kv_bytes = after.kv_bytes_transferred - before.kv_bytes_transferred
+            # Per request (concurrency 1: transfers never overlap), whatever the number of
+            # NIXL transfers vLLM splits one request's KV into.
+            n = args.requests
+            result["kv_transfer"] = {
+                "transfers": transfers,
+                "mean_ms": round(seconds / n * 1000, 2) if transfers else None,
+                "mean_bytes": round(kv_bytes / n) if transfers else None,
+                "failed": after.kv_failed_transfers - before.kv_failed_transfers,
+            }
+            out[name] = result
     finally:
         cluster.stop()
-    return {"cold_start_to_ready_s": round(cold_start, 1), "memory_pss_mib": memory, "ttft": latency_summary(ttft),
-            "ttft_ms": [round(v, 2) for v in ttft]}
+    return out
 
 
-def run_direct(cfg: ClusterConfig, n: int) -> dict:
+def run_direct(cfg: ClusterConfig, cases: dict, args) -> dict:
     tier = cfg.tiers[cfg.default_tier]
-    env = dict(os.environ, VLLM_CPU_OMP_THREADS_BIND=(tier.prefill.cpu_binding or ("0",))[0],
-               VLLM_ENABLE_V1_MULTIPROCESSING="1")
-    cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(cfg.model.path),
-           "--served-model-name", cfg.model.served_name, "--dtype", cfg.model.dtype,
-           "--max-model-len", str(cfg.model.max_model_len),
-           "--kv-cache-memory-bytes", str(tier.prefill.engine.kv_cache_bytes),
-           "--host", "127.0.0.1", "--port", str(DIRECT_PORT), "--enforce-eager"]
-    print(f"[bench] starting one vLLM engine directly: {' '.join(cmd[2:4])} ...", flush=True)
-    t0 = time.monotonic()
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{DIRECT_PORT}"
-    try:
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"vLLM api_server exited with {proc.returncode}")
-            try:
-                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            time.sleep(1)
-        cold_start = time.monotonic() - t0
-        memory = round(tree_pss_mib(psutil.Process(proc.pid)), 1)
-        print("[bench] direct engine TTFT", flush=True)
-        ttft = measure_ttft(url, cfg.model.served_name, n)
-    finally:
-        proc.terminate()
-        proc.wait(60)
-    return {"cold_start_to_ready_s": round(cold_start, 1), "memory_pss_mib": memory, "ttft": latency_summary(ttft),
-            "ttft_ms": [round(v, 2) for v in ttft]}
+    spec = DirectEngineSpec(model_path=cfg.model.path, served_name=cfg.model.served_name, dtype=cfg.model.dtype,
+                            max_model_len=cfg.model.max_model_len, kv_cache_bytes=tier.prefill.engine.kv_cache_bytes,
+                            port=DIRECT_PORT, devices=(tier.prefill.cpu_binding or ("0",))[0],
+                            max_num_seqs=tier.prefill.engine.max_num_seqs,
+                            max_num_batched_tokens=tier.prefill.engine.max_num_batched_tokens)
+    out = {}
+    with DirectEngines([spec]) as engines:
+        out["cold_start_to_ready_s"] = round(engines.cold_start_s, 1)
+        out["memory_pss_mib"] = round(tree_pss_mib(psutil.Process(engines.procs[0].pid)), 1)
+        for name, batch in cases.items():
+            print(f"[bench] direct engine, {name} prompt ({len(batch[0])} tokens)", flush=True)
+            out[name] = measure(spec.url, cfg.model.served_name, name, batch, args.max_tokens, args.warmup)
+    return out
+
+
+def overhead(tandem: dict, direct: dict) -> dict:
+    over = round(tandem["ttft"]["p50_ms"] - direct["ttft"]["p50_ms"], 2)
+    transfer = tandem["kv_transfer"]["mean_ms"]
+    beyond = round(over - transfer, 2) if transfer is not None else None
+    return {"ttft_p50_overhead_ms": over,
+            "ttft_p50_ratio_tandem_over_direct": round(tandem["ttft"]["p50_ms"] / direct["ttft"]["p50_ms"], 3),
+            "kv_transfer_mean_ms": transfer,
+            "kv_transfer_share_of_ttft_p50": round(transfer / tandem["ttft"]["p50_ms"], 4) if transfer else None,
+            "ttft_p50_overhead_beyond_transfer_ms": beyond,
+            "itl_p50_overhead_ms": round(tandem["itl"]["p50_ms"] - direct["itl"]["p50_ms"], 2),
+            "target": "TTFT p50 overhead <= 5 ms beyond the KV transfer",
+            "target_met": beyond is not None and beyond <= 5.0}
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", type=Path, default=Path(__file__).resolve().parents[1] / "configs" / "local.yaml")
-    parser.add_argument("--requests", type=int, default=30)
-    parser.add_argument("--out", type=Path, default=Path("runs/bench"))
+    parser.add_argument("--requests", type=int, default=20, help="measured requests per prompt length and side")
+    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--short-prompt", type=int, default=128, help="tokens")
+    parser.add_argument("--long-prompt", type=int, default=1500, help="tokens")
+    parser.add_argument("--max-tokens", type=int, default=32)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
-    cfg = ClusterConfig.load(args.config)
+    full = ClusterConfig.load(args.config)
+    cfg = full.model_copy(update={"tiers": {full.default_tier: full.tiers[full.default_tier]}})
+    n = args.warmup + args.requests
+    cases = {"short": prompts("short", args.short_prompt, n, args.seed),
+             "long": prompts("long", args.long_prompt, n, args.seed)}
 
-    tandem = run_cluster(cfg, args.requests)
-    direct = run_direct(cfg, args.requests)
+    tandem = run_cluster(cfg, cases, args)
+    direct = run_direct(cfg, cases, args)
     result = {
         "benchmark": "ttft_vs_direct",
+        "command": " ".join(["python -m cluster.bench.ttft_vs_direct", *sys.argv[1:]]),
         "machine": {"cpus": os.cpu_count(), "processor": platform.processor() or platform.machine(),
                     "memory_gib": round(psutil.virtual_memory().total / (1 << 30), 1)},
         "model": cfg.model.served_name, "dtype": cfg.model.dtype,
-        "workload": {"prompt": "chat, ~190 prompt tokens, distinct prefix per request", "max_tokens": 16,
-                     "concurrency": 1, "requests": args.requests},
+        "workload": {"prompts_tokens": {"short": args.short_prompt, "long": args.long_prompt},
+                     "max_tokens": args.max_tokens, "concurrency": 1, "requests": args.requests,
+                     "api": "/v1/completions, streaming, random token-id prompts, ignore_eos"},
         "tandem": tandem, "direct_vllm": direct,
-        "ttft_p50_ratio_tandem_over_direct": round(tandem["ttft"]["p50_ms"] / direct["ttft"]["p50_ms"], 3),
-        "ttft_p50_overhead_ms": round(tandem["ttft"]["p50_ms"] - direct["ttft"]["p50_ms"], 2),
+        "overhead": {name: overhead(tandem[name], direct[name]) for name in cases},
     }
     args.out.mkdir(parents=True, exist_ok=True)
     path = args.out / "ttft_vs_direct.json"
     path.write_text(json.dumps(result, indent=2))
-    print(json.dumps({k: v for k, v in result.items() if k not in ("tandem", "direct_vllm")}, indent=2))
-    print(f"tandem: TTFT p50 {tandem['ttft']['p50_ms']} ms, cold start {tandem['cold_start_to_ready_s']} s, "
-          f"memory {tandem['memory_pss_mib']} MiB")
-    print(f"direct: TTFT p50 {direct['ttft']['p50_ms']} ms, cold start {direct['cold_start_to_ready_s']} s, "
-          f"memory {direct['memory_pss_mib']} MiB")
+    print(json.dumps(result["overhead"], indent=2))
+    for side, res in (("tandem", tandem), ("direct", direct)):
+        print(f"{side}: " + ", ".join(f"{name} TTFT p50 {res[name]['ttft']['p50_ms']} ms ITL p50 "
+                                       f"{res[name]['itl']['p50_ms']} ms" for name in cases)
+              + f"; cold start {res['cold_start_to_ready_s']} s, memory {res['memory_pss_mib']} MiB")
     print(f"wrote {path}")
     return 0
 

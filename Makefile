@@ -1,7 +1,7 @@
 # Two commands set everything up on a fresh machine: `make run` and `make test`.
 VENV := .venv
 
-.PHONY: run test stop setup unit loadtest redis prometheus
+.PHONY: run test stop setup unit loadtest redis prometheus grafana-venv
 
 setup:
 	bash cluster/bootstrap.sh
@@ -22,8 +22,18 @@ run: setup
 stop:
 	$(VENV)/bin/tandem stop
 
-test: setup redis prometheus
+test: setup redis prometheus grafana-venv
 	$(VENV)/bin/python -m pytest -ra
+	# grafana-push with the real grafana-client (its own venv: urllib3-future replaces urllib3)
+	.venv-grafana/bin/python -m pytest -ra -p no:cacheprovider tests/unit/test_grafana.py
+
+# A venv with only the `grafana` extra, falling back to .venv's packages for everything else.
+grafana-venv: setup
+	@test -x .venv-grafana/bin/python || python3 -m venv .venv-grafana
+	@.venv-grafana/bin/python -c "import grafana_client" 2>/dev/null || \
+	  .venv-grafana/bin/pip install -q --disable-pip-version-check 'grafana-client==5.1.4'
+	@$(VENV)/bin/python -c "import sysconfig; print(sysconfig.get_paths()['purelib'])" > \
+	  "$$(.venv-grafana/bin/python -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")/zz-tandem-venv.pth"
 
 unit: setup redis prometheus
 	$(VENV)/bin/python -m pytest -ra tests/unit

@@ -45,12 +45,17 @@ def log(line: str) -> None:
 
 
 def on_gpu() -> bool:
+    """Two GPUs: each engine gets one (the single engine both, tensor-parallel). None: CPU cores."""
     try:
         import torch
 
-        return torch.cuda.device_count() >= 2
+        count = torch.cuda.device_count()
     except ImportError:
         return False
+    if count == 1:
+        raise SystemExit("goodput compares systems on the same two devices; this machine has one GPU. "
+                         "Run it where two GPUs are visible (CUDA_VISIBLE_DEVICES), or hide the GPU for a CPU run.")
+    return count >= 2
 
 
 def tandem_config(args, gpu: bool) -> ClusterConfig:

@@ -92,6 +92,8 @@ def integration_config(model_dir: Path, ray_address: str | None = None):
                                 **_placed_on("node_prefill", ray_address)},
                     "decode": {"replicas": 1, "num_cpus": 1, "cpu_binding": ["1"], "engine": engine,
                                **_placed_on("node_decode", ray_address)},
+                    # Small bounds, so 3x capacity overflows within seconds (test_faults_overload.py).
+                    "admission": {"max_running": 16, "max_queued": 32},
                 },
                 # A small second tier (issue 4), chosen per request with the tier header. Its
                 # prefill pool autoscales 1..2 with short delays (test_tiers_autoscaling.py).

@@ -1,0 +1,221 @@
+"""Engine replicas SIGKILLed (their Ray actor process) while serving. Destructive: runs near
+the end of the session (test_zz_*), and each test waits until Serve has replaced the replica
+and the cluster serves again, so the state is restored for what follows.
+
+1. Decode replica killed mid-stream: the client gets a clean error event in the SSE stream
+   (then [DONE]) within 5 s. The request is not resumed elsewhere (router/README.md says
+   why); the replacement replica serves the next requests, with the KV pulled over NIXL.
+2. A prefill replica killed under load: every request completes (no 5xx): prefill hops on
+   the dead replica fail over to a recompute on decode, KV pulls from it fall back to
+   recompute inside vLLM. After the replacement starts, decode pulls KV from the new NIXL
+   peer (a new engine id and side channel) without a failed transfer: no stale handshake.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import threading
+import time
+
+import httpx
+import psutil
+import pytest
+
+from tests.integration.conftest import MODEL_NAME, replica_stats
+
+pytestmark = pytest.mark.integration
+
+ERROR_EVENT_BOUND_S = 5
+RECOVERY_BOUND_S = 240
+
+
+def replica_processes(deployment: str) -> list[psutil.Process]:
+    """The Ray actor processes of a deployment's replicas (not their vLLM children)."""
+    found = []
+    for proc in psutil.process_iter(["cmdline"]):
+        cmd = " ".join(proc.info["cmdline"] or [])
+        if cmd.startswith("ray::ServeReplica:tandem:" + deployment):
+            found.append(proc)
+    pids = {p.pid for p in found}
+    return [p for p in found if p.ppid() not in pids]
+
+
+def alive(proc: psutil.Process) -> bool:
+    try:
+        return proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def wait_healthy(base_url: str) -> float:
+    started = time.monotonic()
+    while time.monotonic() - started < RECOVERY_BOUND_S:
+        try:
+            if httpx.get(f"{base_url}/health", timeout=30).status_code == 200:
+                return time.monotonic() - started
+        except httpx.HTTPError:
+            pass
+        time.sleep(1)
+    pytest.fail(f"the cluster was not healthy again within {RECOVERY_BOUND_S} s")
+
+
+def one_stats(deployment: str):
+    return next(iter(replica_stats(deployment, 1).values()))
+
+
+def prompt_ids(rng: random.Random, n: int) -> list[int]:
+    return [rng.randrange(5, 250) for _ in range(n)]
+
+
+def complete(base_url: str, ids: list[int], max_tokens: int = 6) -> httpx.Response:
+    body = {"model": MODEL_NAME, "prompt": ids, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True}
+    return httpx.post(f"{base_url}/v1/completions", json=body, timeout=180)
+
+
+class Stream(threading.Thread):
+    """One streaming completion: records when each event arrived and what it was."""
+
+    def __init__(self, base_url: str, ids: list[int]) -> None:
+        super().__init__(daemon=True)
+        self.base_url = base_url
+        self.body = {"model": MODEL_NAME, "prompt": ids, "max_tokens": 400, "ignore_eos": True,
+                     "temperature": 0, "stream": True}
+        self.tokens = 0
+        self.error: dict | None = None
+        self.error_at: float | None = None
+        self.done = False
+        self.finished = False
+
+    def run(self) -> None:
+        with httpx.stream("POST", f"{self.base_url}/v1/completions", json=self.body, timeout=120) as resp:
+            assert resp.status_code == 200
+            for line in resp.iter_lines():
+                if line == "data: [DONE]":
+                    self.done = True
+                elif line.startswith("data: {"):
+                    event = json.loads(line[6:])
+                    if "error" in event:
+                        self.error, self.error_at = event["error"], time.monotonic()
+                    else:
+                        self.tokens += 1
+                        self.finished = self.finished or event["choices"][0]["finish_reason"] is not None
+
+
+def test_decode_killed_mid_stream_gives_an_error_event_within_5_s_and_the_cluster_recovers(base_url):
+    rng = random.Random(21)
+    (decode,) = replica_processes("interactive-decode")
+    engine_children = decode.children(recursive=True)
+    streams = [Stream(base_url, prompt_ids(rng, 60)) for _ in range(3)]
+    for s in streams:
+        s.start()
+    deadline = time.monotonic() + 60
+    while min(s.tokens for s in streams) < 3 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert min(s.tokens for s in streams) >= 3, "streams did not start"
+    os.kill(decode.pid, signal.SIGKILL)
+    killed_at = time.monotonic()
+    for s in streams:
+        s.join(timeout=30)
+    waits = [round(s.error_at - killed_at, 2) for s in streams if s.error_at is not None]
+    print(f"\ndecode SIGKILLed mid-stream ({[s.tokens for s in streams]} tokens streamed): error events "
+          f"after {waits} s; error: {streams[0].error}")
+    for s in streams:
+        assert not s.is_alive(), "a stream hung after its decode replica died"
+        assert s.error is not None and not s.finished, "expected an in-band error event"
+        assert s.error["type"] == "internal_error" and "retry" in s.error["message"].lower()
+        assert s.done  # the stream still ends properly
+        assert s.error_at - killed_at < ERROR_EVENT_BOUND_S
+
+    recovered_s = wait_healthy(base_url)
+    deadline = time.monotonic() + 60
+    while any(alive(p) for p in engine_children) and time.monotonic() < deadline:
+        time.sleep(1)
+    assert not [p.pid for p in engine_children if alive(p)], "orphaned vLLM processes of the dead decode"
+    before = one_stats("interactive-decode")
+    resp = complete(base_url, prompt_ids(rng, 300))
+    assert resp.status_code == 200, resp.text
+    after = one_stats("interactive-decode")
+    print(f"decode replacement healthy {recovered_s:.1f} s after the kill; "
+          f"KV pulled {after.prompt_tokens_transferred - before.prompt_tokens_transferred:g} tokens")
+    assert after.prompt_tokens_transferred > before.prompt_tokens_transferred  # disaggregated again
+    assert after.kv_failed_transfers == before.kv_failed_transfers
+
+
+class Load(threading.Thread):
+    """A closed loop of non-streaming completions until stopped; records every status."""
+
+    def __init__(self, base_url: str, seed: int) -> None:
+        super().__init__(daemon=True)
+        self.base_url = base_url
+        self.rng = random.Random(seed)
+        self.stop = threading.Event()
+        self.statuses: list[int] = []
+        self.errors: list[str] = []
+
+    def run(self) -> None:
+        while not self.stop.is_set():
+            resp = complete(self.base_url, prompt_ids(self.rng, self.rng.randrange(130, 300)))
+            self.statuses.append(resp.status_code)
+            if resp.status_code != 200:
+                self.errors.append(resp.text[:300])
+
+
+def test_prefill_killed_under_load_every_request_completes_and_decode_pulls_from_the_new_peer(base_url):
+    old = replica_stats("interactive-prefill", 2)
+    victim = replica_processes("interactive-prefill")[0]
+    load = [Load(base_url, seed) for seed in range(4)]
+    for t in load:
+        t.start()
+    time.sleep(5)
+    decode_before_kill = one_stats("interactive-decode")
+    os.kill(victim.pid, signal.SIGKILL)
+    killed_at = time.monotonic()
+
+    # Load goes on until Serve has replaced the replica and the new one serves.
+    new_ids: set[str] = set()
+    while time.monotonic() - killed_at < RECOVERY_BOUND_S:
+        try:
+            now = replica_stats("interactive-prefill", 2)
+            new_ids = set(now) - set(old)
+            if new_ids and now[next(iter(new_ids))].prompt_tokens_computed > 0:
+                break
+        except Exception:  # a replica still starting (or gone) does not answer yet
+            pass
+        time.sleep(1)
+    replaced_s = time.monotonic() - killed_at
+    time.sleep(3)
+    for t in load:
+        t.stop.set()
+    for t in load:
+        t.join(timeout=180)
+    statuses = [s for t in load for s in t.statuses]
+    decode_after_kill = one_stats("interactive-decode")
+    print(f"\nprefill SIGKILLed under load: {len(statuses)} requests, "
+          f"{sum(s == 200 for s in statuses)} ok; replacement serving {replaced_s:.1f} s after the kill; "
+          f"decode failed transfers during the outage "
+          f"+{decode_after_kill.kv_failed_transfers - decode_before_kill.kv_failed_transfers:g}")
+    assert new_ids, "the prefill replica was not replaced"
+    assert statuses and set(statuses) == {200}, [e for t in load for e in t.errors][:3]
+
+    # The new peer: decode pulls KV from it (fresh handshake), and no transfer fails.
+    (new_id,) = new_ids
+    rng = random.Random(33)
+    before = replica_stats("interactive-prefill", 2)[new_id]
+    decode_before = one_stats("interactive-decode")
+    served = 0
+    for _ in range(20):
+        assert complete(base_url, prompt_ids(rng, 300)).status_code == 200
+        served = replica_stats("interactive-prefill", 2)[new_id].prompt_tokens_computed - before.prompt_tokens_computed
+        if served >= 2 * 300:
+            break
+    decode_after = one_stats("interactive-decode")
+    print(f"new prefill {new_id} computed {served:g} prompt tokens; decode pulled "
+          f"{decode_after.prompt_tokens_transferred - decode_before.prompt_tokens_transferred:g} tokens, "
+          f"failed transfers +{decode_after.kv_failed_transfers - decode_before.kv_failed_transfers:g}")
+    assert served >= 2 * 300, "the new prefill replica was never chosen"
+    assert decode_after.kv_failed_transfers == decode_before.kv_failed_transfers  # no stale handshake
+    assert decode_after.prompt_tokens_transferred - decode_before.prompt_tokens_transferred >= 0.9 * served
+    wait_healthy(base_url)

@@ -63,9 +63,11 @@ def declare_series(tiers: Sequence[str]) -> None:
 
 def outcome_of(exc: Optional[BaseException], finish_reason: Optional[str]) -> str:
     """The `outcome` label of a finished request (pure; unit-tested)."""
-    if exc is None:
+    closed = isinstance(exc, (asyncio.CancelledError, GeneratorExit))
+    if exc is None or closed and finish_reason is not None:
+        # The edge closes the stream as soon as it sees the last chunk: that is a finish.
         return "ok" if finish_reason in ("stop", "length") else "error"
-    if isinstance(exc, (asyncio.CancelledError, GeneratorExit)):
+    if closed:
         return "cancelled"
     if isinstance(exc, OpenAIError):
         return "rejected_429" if exc.status == 429 else f"error_{exc.status}"

@@ -63,6 +63,7 @@ def test_outcome_labels():
     assert outcome_of(None, "error") == outcome_of(None, None) == "error"
     assert outcome_of(too_many_requests("busy"), None) == "rejected_429"
     assert outcome_of(asyncio.CancelledError(), None) == "cancelled"
+    assert outcome_of(GeneratorExit(), "stop") == "ok"  # closed by the edge right after the last chunk
     assert outcome_of(RuntimeError("boom"), None) == "error"
 
 
@@ -99,6 +100,21 @@ def test_measured_backend_records_ttft_itl_e2e_and_tokens(recorded):
     assert recorded["OUTPUT_TOKENS"].values("inc", tier="interactive") == [1, 1, 1]
     assert recorded["PROMPT_TOKENS"].values("inc", tier="interactive") == [4]
     assert recorded["REQUESTS"].values("inc", tier="interactive", outcome="ok") == [1]
+
+
+def test_a_stream_closed_after_its_last_chunk_counts_as_ok(recorded):
+    backend = MeasuredBackend(FakeBackend(), default_tier="interactive")
+
+    async def like_the_edge():  # router/openai/app.py breaks out at the finish reason
+        stream = backend.generate(_request(2))
+        async for chunk in stream:
+            if chunk.finish_reason is not None:
+                break
+        await stream.aclose()
+
+    asyncio.run(like_the_edge())
+    assert recorded["REQUESTS"].values("inc", tier="interactive", outcome="ok") == [1]
+    assert len(recorded["E2E_SECONDS"].values("observe", tier="interactive")) == 1
 
 
 def test_measured_backend_counts_failures_and_cancellations_without_e2e(recorded):

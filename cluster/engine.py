@@ -24,6 +24,7 @@ from typing import Any, AsyncIterator, Optional
 from cluster.config import EngineConfig, KVTransferConfig
 from cluster.protocol import (
     EngineRequest,
+    InvalidEngineRequest,
     PrefillResult,
     SamplingSettings,
     StructuredOutput,
@@ -239,27 +240,34 @@ class VLLMEngine:
         params = _sampling_params(
             request.sampling, max_tokens=request.sampling.max_tokens, kv_params=kv_transfer_params
         )
+        from vllm.exceptions import VLLMClientError
+
         num_prompt = len(request.prompt_token_ids)
         produced = 0
-        async for output in self._llm.generate(
-            {"prompt_token_ids": list(request.prompt_token_ids)}, params, request.request_id
-        ):
-            completion = output.outputs[0]
-            produced += len(completion.token_ids)
-            finish = completion.finish_reason if output.finished else None
-            if output.finished and finish is None:
-                finish = "error"
-            logprobs = ()
-            if request.sampling.logprobs is not None:
-                logprobs = _token_logprobs(completion.token_ids, completion.logprobs, request.sampling.logprobs)
-            yield TokenChunk(
-                text=completion.text,
-                token_ids=tuple(completion.token_ids),
-                finish_reason=finish,
-                num_prompt_tokens=num_prompt,
-                num_output_tokens=produced,
-                logprobs=logprobs,
-            )
+        try:
+            async for output in self._llm.generate(
+                {"prompt_token_ids": list(request.prompt_token_ids)}, params, request.request_id
+            ):
+                completion = output.outputs[0]
+                produced += len(completion.token_ids)
+                finish = completion.finish_reason if output.finished else None
+                if output.finished and finish is None:
+                    finish = "error"
+                logprobs = ()
+                if request.sampling.logprobs is not None:
+                    logprobs = _token_logprobs(completion.token_ids, completion.logprobs, request.sampling.logprobs)
+                yield TokenChunk(
+                    text=completion.text,
+                    token_ids=tuple(completion.token_ids),
+                    finish_reason=finish,
+                    num_prompt_tokens=num_prompt,
+                    num_output_tokens=produced,
+                    logprobs=logprobs,
+                )
+        except VLLMClientError as exc:
+            # vLLM's own request checks (e.g. a regex or JSON schema its structured-output
+            # backend cannot compile): the client's error, a 400 at the edge, not a retry.
+            raise InvalidEngineRequest(str(exc)) from None
 
     async def abort(self, request_id: str) -> None:
         await self._llm.abort(request_id)

@@ -11,6 +11,12 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 
+class InvalidEngineRequest(ValueError):
+    """An engine refused the request itself (vLLM's own checks, e.g. a regex its structured-
+    output backend cannot compile). The client's error: the gateway answers 400 with this
+    message and does not retry."""
+
+
 @dataclass(frozen=True)
 class StructuredOutput:
     """A decoding-time constraint, applied by the decode engine from its first token.

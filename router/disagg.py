@@ -23,8 +23,9 @@ import time
 from typing import Any, AsyncIterator, Optional
 
 from cluster.metrics import Counter, Histogram
-from cluster.protocol import EngineRequest, TierPools, TokenChunk
+from cluster.protocol import EngineRequest, InvalidEngineRequest, TierPools, TokenChunk
 from kv_transfer.handoff import Handoff, HandoffMismatch
+from router.openai.errors import bad_request
 from router.routing.types import Pick, RouteDecision
 
 log = logging.getLogger(__name__)
@@ -166,6 +167,9 @@ class DisaggregatedBackend:
                 if stream is not None:  # cancelled before the decode call was made: nothing to cancel
                     stream.cancel()
                 raise
+            except InvalidEngineRequest as exc:  # the same request would fail again: a 400
+                cause = getattr(exc, "cause", exc)  # Ray wraps it; the cause holds the plain message
+                raise bad_request(f"The engine refused the request: {cause}") from None
             except Exception:
                 if started or attempt == 2:
                     raise

@@ -194,7 +194,7 @@ class FakeServePool:
     to the replica pinned for its request id in the PoolDirectory, else to Serve's own pick
     (here: the replicas in turn). Every call is recorded as (method, request_id, replica).
     `prefill.remote` answers a handoff (or hangs with `hang_prefill`); the decode stream
-    yields one token every 10 ms until cancelled.
+    yields one token every 10 ms until cancelled, or raises `refuse` (an exception) first.
     """
 
     def __init__(self, directory: Any, replica_ids: Sequence[str], hang_prefill: bool = False) -> None:
@@ -205,6 +205,7 @@ class FakeServePool:
         self.hang_prefill = hang_prefill
         directory.set_replicas([ReplicaInfo(r, 8) for r in self.replica_ids])
         self.calls: list[tuple[str, str, str]] = []
+        self.refuse: Optional[BaseException] = None
         self._turn = 0
         self.prefill = _FakeMethod(self, "prefill")
         self.abort = _FakeMethod(self, "abort")
@@ -234,7 +235,7 @@ class _FakeMethod:
         request_id = args[0] if isinstance(args[0], str) else args[0].request_id
         self.pool.route(self.name, request_id)
         if self.name == "generate":
-            return _FakeStream()
+            return _FakeStream(self.pool.refuse)
         return self._answer(request_id)
 
     async def _answer(self, request_id: str) -> Any:
@@ -248,8 +249,9 @@ class _FakeMethod:
 
 
 class _FakeStream:
-    def __init__(self) -> None:
+    def __init__(self, refuse: Optional[BaseException] = None) -> None:
         self.cancelled = False
+        self.refuse = refuse
 
     def cancel(self) -> None:
         self.cancelled = True
@@ -259,6 +261,8 @@ class _FakeStream:
 
     async def __anext__(self) -> TokenChunk:
         await asyncio.sleep(0.01)
+        if self.refuse is not None:
+            raise self.refuse
         if self.cancelled:
             raise StopAsyncIteration
         return TokenChunk(text="a", token_ids=(1,))

@@ -187,6 +187,24 @@ class TextPart(BaseModel):
     text: str
 
 
+class CalledFunction(BaseModel):
+    model_config = ConfigDict(strict=True, extra="forbid")
+
+    name: str
+    arguments: str  # JSON text, as the model produced it
+
+
+class MessageToolCall(BaseModel):
+    """A tool call of an earlier assistant turn, in OpenAI's shape (the chat template and
+    vLLM's tool parser read these fields, so anything else is a 400 here, not a 500 there)."""
+
+    model_config = ConfigDict(strict=True, extra="forbid")
+
+    id: str
+    type: Literal["function"]
+    function: CalledFunction
+
+
 _TEXT_PART_SCHEMA = {"type": "object", "required": ["type", "text"], "additionalProperties": False,
                      "properties": {"type": {"const": "text"}, "text": {"type": "string"}}}
 
@@ -202,7 +220,7 @@ class ChatMessage(BaseModel):
         {"type": "string"}, {"type": "null"}, {"type": "array", "items": _TEXT_PART_SCHEMA},
     ]})
     name: Optional[str] = None
-    tool_calls: Optional[list[dict[str, Any]]] = None  # an assistant turn that called tools
+    tool_calls: Optional[list[MessageToolCall]] = None  # an assistant turn that called tools
     tool_call_id: Optional[str] = None  # a tool turn: which call this answers
 
     @model_validator(mode="after")
@@ -240,9 +258,12 @@ class ChatMessage(BaseModel):
 
     def for_template(self) -> dict[str, Any]:
         out: dict[str, Any] = {"role": self.role, "content": self.text()}
-        for key in ("name", "tool_calls", "tool_call_id"):
-            if getattr(self, key) is not None:
-                out[key] = getattr(self, key)
+        if self.name is not None:
+            out["name"] = self.name
+        if self.tool_calls is not None:
+            out["tool_calls"] = [call.model_dump() for call in self.tool_calls]
+        if self.tool_call_id is not None:
+            out["tool_call_id"] = self.tool_call_id
         return out
 
 

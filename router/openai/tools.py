@@ -20,6 +20,8 @@ import uuid
 from dataclasses import dataclass
 from typing import Any, Optional
 
+from pydantic import ValidationError
+
 from cluster.protocol import StructuredOutput
 from router.openai.errors import bad_request
 from router.openai.protocol import ChatCompletionRequest
@@ -67,7 +69,11 @@ class ToolCalling:
 
         body = req.model_dump(include={"model", "tools", "tool_choice", "parallel_tool_calls"}, exclude_none=True,
                               by_alias=True)
-        vreq = VllmChatRequest.model_validate({**body, "messages": [m.for_template() for m in req.messages]})
+        try:
+            vreq = VllmChatRequest.model_validate({**body, "messages": [m.for_template() for m in req.messages]})
+        except ValidationError as exc:  # our models should have caught it; still the request's fault
+            raise bad_request(f"The tool-calling request is not valid: {exc.errors()[0].get('msg', exc)}",
+                              "messages") from None
         vreq = self._new_parser(vreq).adjust_request(vreq)
         structured = None
         so = vreq.structured_outputs

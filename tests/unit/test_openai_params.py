@@ -144,6 +144,23 @@ def test_hermes_output_is_parsed_into_tool_calls(hermes) -> None:
     assert (result.content, result.tool_calls, result.finish_reason) == ("no call here", [], "stop")
 
 
+def test_earlier_tool_calls_in_the_conversation_reach_the_parser(hermes) -> None:
+    """A multi-turn conversation (assistant tool call, tool answer) prepares; a malformed
+    earlier call is a 400 naming it (the fuzzer found it a 500 inside vLLM's validation)."""
+    call = {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Oslo"}'}}
+    turns = [*MSGS, {"role": "assistant", "content": None, "tool_calls": [call]},
+             {"role": "tool", "tool_call_id": "call_1", "content": "12 C"}]
+    assert hermes.prepare(_req(messages=turns, tool_choice="auto")).vllm_request.messages[1]["tool_calls"]
+    client, _ = make_client(tool_calling=hermes)
+    for bad, param in (({"": [False]}, "messages[1].tool_calls[0].id"),
+                       ({**call, "function": {"name": "get_weather"}}, "messages[1].tool_calls[0].function.arguments"),
+                       ({**call, "type": "custom"}, "messages[1].tool_calls[0].type")):
+        body = {"model": MODEL, "messages": [*MSGS, {"role": "assistant", "content": None, "tool_calls": [bad]}],
+                "tools": [TOOL], "tool_choice": "auto"}
+        r = client.post(CHAT, json=body)
+        assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
+
+
 def test_tool_answers_in_bodies_and_streams(hermes) -> None:
     """The echo fake sends the prompt back; a prompt holding a hermes call makes it 'call' one."""
     from tests.fakes import FakeTokenizer

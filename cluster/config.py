@@ -159,6 +159,10 @@ class AdmissionConfig(_Strict):
     max_queued: int = Field(256, ge=0, description="Requests waiting for a running place; beyond: 429.")
     queue_timeout_s: float = Field(30.0, gt=0, description="Longest wait in the queue; then 429.")
     retry_after_s: int = Field(1, ge=0, description="Retry-After sent with a 429.")
+    max_queue_wait_s: Optional[float] = Field(
+        None, gt=0, description="Refuse on arrival when the expected wait for a place (place in line / recent rate "
+                                "of freed places) exceeds this; set it under the tier's TTFT objective so admitted "
+                                "requests meet it under overload. None: only max_queued bounds the line.")
 
 
 class TierConfig(_Strict):

@@ -3,8 +3,11 @@
 `AdmissionControl(backend, limits, default_tier)` wraps any OpenAIBackend (the gateway wraps
 DisaggregatedBackend) and implements the same interface. Each tier has its own `TierGate`:
 at most `max_running` of its requests in the pools, at most `max_queued` waiting (FIFO) for
-a place, and a wait of at most `queue_timeout_s`. Past any bound the request gets 429 with
-Retry-After before any engine work. Tiers share nothing, so batch load never takes an
+a place, and a wait of at most `queue_timeout_s`. With `max_queue_wait_s` set, a request is
+also refused on arrival when its expected wait exceeds it: its place in line divided by the
+rate at which places freed up over the last `RATE_WINDOW_S` (Little's law), so the requests a
+tier admits under overload start within its TTFT objective instead of queueing past it. Past
+any bound the request gets 429 with Retry-After before any engine work. Tiers share nothing, so batch load never takes an
 interactive place or queue slot.
 
 Call order per request: `generate(request)` → the first `anext` waits for a place (or raises
@@ -15,8 +18,9 @@ Call order per request: `generate(request)` → the first `anext` waits for a pl
 from __future__ import annotations
 
 import asyncio
+import time
 from collections import deque
-from typing import Any, AsyncIterator, Mapping
+from typing import Any, AsyncIterator, Callable, Mapping, Optional
 
 from cluster.metrics import Counter, Gauge
 
@@ -25,20 +29,40 @@ from router.openai.errors import too_many_requests
 
 REJECTED = Counter("tandem_admission_rejected", "Requests refused with 429, by tier and why.", ["tier", "reason"])
 RUNNING = Gauge("tandem_admission_running", "Admitted requests in the pools, by tier.", ["tier"])
+RATE_WINDOW_S = 5.0  # long enough to span a few requests, short enough to follow a load change
+
 QUEUED = Gauge("tandem_admission_queued", "Requests waiting for admission, by tier.", ["tier"])
 
 
 class TierGate:
     """A FIFO gate: `max_running` places, `max_queued` waiting spots. Not thread-safe: one event loop."""
 
-    def __init__(self, tier: str, max_running: int, max_queued: int, queue_timeout_s: float, retry_after_s: int):
+    def __init__(self, tier: str, max_running: int, max_queued: int, queue_timeout_s: float, retry_after_s: int,
+                 max_queue_wait_s: Optional[float] = None, clock: Callable[[], float] = time.monotonic):
         self.tier = tier
         self.max_running = max_running
         self.max_queued = max_queued
         self.queue_timeout_s = queue_timeout_s
         self.retry_after_s = retry_after_s
+        self.max_queue_wait_s = max_queue_wait_s
         self.running = 0
         self._waiters: deque[asyncio.Future[None]] = deque()
+        self._clock = clock
+        self._freed: deque[float] = deque()  # when places freed up, over the last RATE_WINDOW_S
+
+    def expected_wait_s(self, position: int) -> Optional[float]:
+        """Seconds until the `position`-th in line gets a place at the recent rate; None before
+        two places have freed up in the window (nothing to go on: only max_queued applies)."""
+        now = self._clock()
+        while self._freed and self._freed[0] < now - RATE_WINDOW_S:
+            self._freed.popleft()
+        n = len(self._freed)
+        if n < 2:
+            return None
+        # n departures over the span seen plus one mean gap before the first; the time since
+        # the last one counts too, so a stalled pool reads as slow at once.
+        span = now - self._freed[0] + (self._freed[-1] - self._freed[0]) / (n - 1)
+        return position * span / n
 
     @property
     def queued(self) -> int:
@@ -56,6 +80,12 @@ class TierGate:
         if len(self._waiters) >= self.max_queued:
             raise self._reject("queue_full", f"The {self.tier} tier is at capacity ({self.max_running} running, "
                                              f"{self.max_queued} queued); retry after {self.retry_after_s} s.")
+        if self.max_queue_wait_s is not None:
+            wait = self.expected_wait_s(len(self._waiters) + 1)
+            if wait is not None and wait > self.max_queue_wait_s:
+                raise self._reject("expected_wait", f"The {self.tier} tier is at capacity: a place would take about "
+                                                    f"{wait:.1f} s (bound {self.max_queue_wait_s:g} s); retry after "
+                                                    f"{self.retry_after_s} s.")
         waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._waiters.append(waiter)
         try:
@@ -73,6 +103,7 @@ class TierGate:
 
     def leave(self) -> None:
         """Release a place: hand it straight to the first waiter, or free it."""
+        self._freed.append(self._clock())
         while self._waiters:
             waiter = self._waiters.popleft()
             if not waiter.done():
@@ -92,7 +123,7 @@ class AdmissionControl:
         self.tokenizer = backend.tokenizer
         self.default_tier = default_tier
         self.gates = {
-            tier: TierGate(tier, a.max_running, a.max_queued, a.queue_timeout_s, a.retry_after_s)
+            tier: TierGate(tier, a.max_running, a.max_queued, a.queue_timeout_s, a.retry_after_s, a.max_queue_wait_s)
             for tier, a in limits.items()
         }
 

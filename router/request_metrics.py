@@ -55,7 +55,7 @@ def declare_series(tiers: Sequence[str]) -> None:
                              ("fallback_recompute", "bad_handoff")):
             disagg.ROUTES.labels(tier=tier, path=path, reason=reason).inc(0)
         disagg.DECODE_RETRIES.labels(tier=tier).inc(0)
-        for reason in ("queue_full", "queue_timeout"):
+        for reason in ("queue_full", "queue_timeout", "expected_wait"):
             admission.REJECTED.labels(tier=tier, reason=reason).inc(0)
         routing.PROMPT_TOKENS.labels(tier=tier).inc(0)
     routing.INDEX_ERRORS.inc(0)

@@ -75,6 +75,82 @@ def test_queue_timeout_and_cancelled_waiters_leave_no_trace():
     asyncio.run(main())
 
 
+class FakeClock:
+    def __init__(self):
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_expected_wait_past_the_bound_is_refused_on_arrival_and_follows_the_rate():
+    """Places free up at 2/s: the 2nd in line waits ~1 s, the 3rd ~1.5 s (bound 1.2 s → 429
+    'expected_wait'). With under two departures in the window there is nothing to go on:
+    only max_queued applies. A faster rate later admits more again; a stall reads as slow."""
+    async def main():
+        clock = FakeClock()
+        gate = TierGate("t", max_running=1, max_queued=10, queue_timeout_s=60, retry_after_s=1,
+                        max_queue_wait_s=1.2, clock=clock)
+        await gate.enter()
+        assert gate.expected_wait_s(1) is None
+        waiters = [asyncio.create_task(gate.enter()) for _ in range(4)]  # no history: all queue
+        await asyncio.sleep(0)
+        assert gate.queued == 4
+        for _ in range(4):  # 4 places freed over 2 s: 2/s
+            clock.now += 0.5
+            gate.leave()
+        await asyncio.gather(*waiters)
+        assert gate.expected_wait_s(2) == pytest.approx(1.0) and gate.expected_wait_s(3) == pytest.approx(1.5)
+        queued = [asyncio.create_task(gate.enter()) for _ in range(2)]  # positions 1 and 2: 0.5 s, 1 s
+        await asyncio.sleep(0)
+        assert gate.queued == 2
+        with pytest.raises(OpenAIError) as exc:  # position 3: 1.5 s > 1.2 s
+            await gate.enter()
+        assert exc.value.status == 429 and "about 1.5 s" in exc.value.message and exc.value.headers["Retry-After"] == "1"
+        clock.now += 10  # the window forgets; nothing to go on again
+        assert gate.expected_wait_s(3) is None
+        queued += [asyncio.create_task(gate.enter()) for _ in range(8)]  # so they queue: 10 in line
+        await asyncio.sleep(0)
+        assert gate.queued == 10
+        for _ in range(10):  # 10 places handed on in 1 s
+            clock.now += 0.1
+            gate.leave()
+        await asyncio.gather(*queued)
+        assert gate.expected_wait_s(11) == pytest.approx(1.1)
+        clock.now += 1  # nothing freed for 1 s: the rate halves
+        assert gate.expected_wait_s(11) == pytest.approx(2.2)
+        gate.leave()
+        assert (gate.running, gate.queued) == (0, 0)
+
+    asyncio.run(main())
+
+
+def test_without_a_wait_bound_only_the_queue_length_refuses():
+    """The default: a slow rate (2 places in 6 s, so 9 s for the 3rd in line) still queues up to max_queued."""
+    async def main():
+        clock = FakeClock()
+        gate = TierGate("t", max_running=1, max_queued=3, queue_timeout_s=60, retry_after_s=1, clock=clock)
+        await gate.enter()
+        for _ in range(2):
+            clock.now += 1
+            gate.leave()
+            await gate.enter()
+        clock.now += 4
+        waiters = [asyncio.create_task(gate.enter()) for _ in range(3)]
+        await asyncio.sleep(0)
+        assert gate.queued == 3 and gate.expected_wait_s(3) == pytest.approx(9.0)
+        with pytest.raises(OpenAIError) as exc:
+            await gate.enter()
+        assert "3 queued" in exc.value.message
+        for _ in range(4):
+            gate.leave()
+        await asyncio.gather(*waiters)
+        assert (gate.running, gate.queued) == (0, 0)
+
+    assert AdmissionConfig().max_queue_wait_s is None
+    asyncio.run(main())
+
+
 def test_batch_load_never_degrades_interactive_admission():
     async def main():
         backend = FakeBackend(model_id=MODEL)

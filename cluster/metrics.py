@@ -11,6 +11,10 @@ Ray prefixes every name with `ray_` and adds `_total` to counters: the counter d
 (WorkerId, NodeAddress, SessionName, ...): aggregate with `sum by (...)`. Values reach the
 metrics port within Ray's report interval (`RAY_metrics_report_interval_ms`, 10 s default).
 
+Ray's exporter drops a gauge series that is not recorded again within two report intervals
+(its stale-series TTL), so a gauge holding still (a queue at 0) would vanish from the scrape;
+every gauge set here is recorded again each second by one daemon thread per process.
+
 Outside a Ray worker (unit tests) recording is a silent no-op.
 
 The classes mirror prometheus_client's call style, `METRIC.labels(tier=..).inc()`, so call
@@ -19,6 +23,8 @@ sites read the same as any Prometheus code.
 
 from __future__ import annotations
 
+import threading
+import time
 from typing import Sequence
 
 from ray.util import metrics as ray_metrics
@@ -110,6 +116,41 @@ class Gauge(_Metric):
     def set(self, value: float) -> None:
         self.labels().set(value)
 
+    def republish(self) -> None:
+        """Record every label set's current value again (the keeper thread calls this)."""
+        for key, value in list(self._values.items()):
+            self._metric.set(value, tags=dict(key))
+
+
+REPUBLISH_INTERVAL_S = 1.0  # under the TTL at Ray's fastest report interval (2 x 1 s)
+
+
+class _GaugeKeeper:
+    """Records every value of the gauges it watches again each REPUBLISH_INTERVAL_S."""
+
+    def __init__(self) -> None:
+        self._gauges: list[Gauge] = []
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+
+    def watch(self, gauge: "Gauge") -> None:
+        with self._lock:
+            self._gauges.append(gauge)
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="tandem-gauge-keeper", daemon=True)
+                self._thread.start()
+
+    def _run(self) -> None:
+        while True:
+            time.sleep(REPUBLISH_INTERVAL_S)
+            with self._lock:
+                gauges = list(self._gauges)
+            for gauge in gauges:
+                gauge.republish()
+
+
+_KEEPER = _GaugeKeeper()
+
 
 class _BoundGauge:
     def __init__(self, gauge: Gauge, tags: dict[str, str]):
@@ -117,6 +158,8 @@ class _BoundGauge:
         self._key = tuple(sorted(tags.items()))
 
     def set(self, value: float) -> None:
+        if not self._gauge._values:
+            _KEEPER.watch(self._gauge)  # the first value of this gauge in this process
         self._gauge._values[self._key] = value
         self._gauge._metric.set(value, tags=self._tags)
 

@@ -59,6 +59,8 @@ def declare_series(tiers: Sequence[str]) -> None:
             admission.REJECTED.labels(tier=tier, reason=reason).inc(0)
         routing.PROMPT_TOKENS.labels(tier=tier).inc(0)
     routing.INDEX_ERRORS.inc(0)
+    for kind in ("batch", "gap", "replayed", "reset", "index_down"):  # router/kv_events.py
+        routing.KV_EVENTS.labels(kind=kind).inc(0)
 
 
 def outcome_of(exc: Optional[BaseException], finish_reason: Optional[str]) -> str:

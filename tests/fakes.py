@@ -268,6 +268,16 @@ class _FakeStream:
         return TokenChunk(text="a", token_ids=(1,))
 
 
+class RecordingRayGauge:
+    """Stands in for a ray.util.metrics.Gauge inside cluster.metrics.Gauge: keeps every set."""
+
+    def __init__(self) -> None:
+        self.sets: list[tuple[float, dict[str, str]]] = []
+
+    def set(self, value: float, tags: dict[str, str]) -> None:
+        self.sets.append((value, dict(tags)))
+
+
 class RecordingMetric:
     """Stands in for a cluster.metrics Counter/Histogram/Gauge: keeps every call, by labels."""
 

@@ -92,8 +92,10 @@ def integration_config(model_dir: Path, ray_address: str | None = None):
                                 **_placed_on("node_prefill", ray_address)},
                     "decode": {"replicas": 1, "num_cpus": 1, "cpu_binding": ["1"], "engine": engine,
                                **_placed_on("node_decode", ray_address)},
-                    # Small bounds, so 3x capacity overflows within seconds (test_faults_overload.py).
-                    "admission": {"max_running": 16, "max_queued": 32},
+                    # Small bounds, so 3x capacity overflows within seconds, and a queue-wait bound
+                    # under the TTFT objective, so admitted requests meet it (test_faults_overload.py).
+                    "admission": {"max_running": 16, "max_queued": 32, "max_queue_wait_s": 1.0},
+                    "slo": {"ttft_s": 2.0, "itl_s": 0.5},
                 },
                 # A small second tier (issue 4), chosen per request with the tier header. Its
                 # prefill pool autoscales 1..2 with short delays (test_tiers_autoscaling.py).

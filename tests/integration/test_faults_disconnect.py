@@ -42,30 +42,41 @@ async def client(http: httpx.AsyncClient, base_url: str, ids: list[int], early: 
     body = {"model": MODEL_NAME, "prompt": ids, "max_tokens": 300, "ignore_eos": True,
             "temperature": 0.8, "stream": True}
     try:
-        async with http.stream("POST", f"{base_url}/v1/completions", json=body) as resp:
-            if resp.status_code != 200:
-                out.setdefault(f"status_{resp.status_code}", 0)
-                out[f"status_{resp.status_code}"] += 1
+        for _ in range(30):  # a 429 (the queue's expected wait is too long) is retried, as SDKs do
+            async with http.stream("POST", f"{base_url}/v1/completions", json=body) as resp:
+                if resp.status_code == 429:
+                    out["retried_429"] += 1
+                    await resp.aread()
+                    await asyncio.sleep(float(resp.headers["retry-after"]))
+                    continue
+                await _use(resp, early, out)
                 return
-            if early:
-                out["early"] += 1
-                return  # headers only: the prefill (or the queue) still holds the request
-            tokens = 0
-            async for line in resp.aiter_lines():
-                if line.startswith("data: {"):
-                    chunk = json.loads(line[6:])
-                    assert "error" not in chunk, chunk
-                    tokens += 1
-                    if tokens >= TOKENS_BEFORE_HANGUP:
-                        out["mid_stream"] += 1
-                        return  # leaving the block closes the connection mid-stream
     except httpx.TimeoutException:
         out["early_timeout"] += 1  # no response headers within the short timeout: hung up early
 
 
+async def _use(resp: httpx.Response, early: bool, out: dict) -> None:
+    if resp.status_code != 200:
+        out.setdefault(f"status_{resp.status_code}", 0)
+        out[f"status_{resp.status_code}"] += 1
+        return
+    if early:
+        out["early"] += 1
+        return  # headers only: the prefill (or the queue) still holds the request
+    tokens = 0
+    async for line in resp.aiter_lines():
+        if line.startswith("data: {"):
+            chunk = json.loads(line[6:])
+            assert "error" not in chunk, chunk
+            tokens += 1
+            if tokens >= TOKENS_BEFORE_HANGUP:
+                out["mid_stream"] += 1
+                return  # leaving the block closes the connection mid-stream
+
+
 async def run_clients(base_url: str) -> dict:
     rng = random.Random(8)
-    out = {"mid_stream": 0, "early": 0, "early_timeout": 0}
+    out = {"mid_stream": 0, "early": 0, "early_timeout": 0, "retried_429": 0}
     sem = asyncio.Semaphore(CONCURRENCY)
     limits = httpx.Limits(max_connections=CONCURRENCY, max_keepalive_connections=0)
     early_ids = set(rng.sample(range(CLIENTS), EARLY))

@@ -1,8 +1,11 @@
 """Open-loop load at about 3x capacity on the interactive tier: the excess gets 429 with
-Retry-After, nothing crashes, every admitted request completes.
+Retry-After, nothing crashes, every admitted request completes. The gate refuses arrivals
+whose expected wait is over admission.max_queue_wait_s; the admitted requests' TTFT under
+overload, against their TTFT at capacity plus that bound and against the tier's SLO, is
+printed, not asserted (see the note at the end of the test).
 
-Capacity is measured first (closed loop, as many clients as the tier admits, a few seconds);
-then requests arrive at 3x that rate regardless of answers (open loop) for 25 s. The tier
+Capacity is measured first (closed loop, as many clients as the tier admits, after a
+warm-up); then requests arrive at 3x that rate regardless of answers (open loop) for 25 s. The tier
 admits 16 running and 32 queued (tests/integration/conftest.py), so the backlog overflows
 within seconds and the gateway must refuse it before any engine work.
 """
@@ -25,59 +28,82 @@ OPEN_LOOP_S = 25
 POOLS = {"interactive-prefill": 2, "interactive-decode": 1}
 
 
-async def closed_loop_rate(base_url: str, clients: int, seconds: float) -> float:
-    done = 0
+async def one_request(http: httpx.AsyncClient, base_url: str) -> tuple[int, float, str]:
+    """(status, TTFT as the client sees it, Retry-After for a 429 / the body's last line)."""
+    sent = time.monotonic()
+    async with http.stream("POST", f"{base_url}/v1/completions", json={**BODY, "stream": True}) as r:
+        if r.status_code != 200:
+            await r.aread()
+            return r.status_code, time.monotonic() - sent, r.headers.get("retry-after", "") \
+                if r.status_code == 429 else r.text
+        ttft, line = float("inf"), ""
+        async for line in r.aiter_lines():
+            if ttft == float("inf") and line.startswith("data: {"):
+                ttft = time.monotonic() - sent  # the first token's chunk
+        return r.status_code, ttft, line
+
+
+async def closed_loop(base_url: str, clients: int, seconds: float) -> tuple[float, list[float]]:
+    """Requests per second and TTFTs with `clients` always in flight (the gate never queues)."""
+    ttfts: list[float] = []
     deadline = time.monotonic() + seconds
     async with httpx.AsyncClient(timeout=120) as http:
         async def loop() -> None:
-            nonlocal done
             while time.monotonic() < deadline:
-                r = await http.post(f"{base_url}/v1/completions", json=BODY)
-                assert r.status_code == 200, r.text
-                done += 1
+                status, ttft, text = await one_request(http, base_url)
+                assert status == 200, text
+                ttfts.append(ttft)
         started = time.monotonic()
         await asyncio.gather(*(loop() for _ in range(clients)))
-        return done / (time.monotonic() - started)
+        return len(ttfts) / (time.monotonic() - started), ttfts
 
 
 async def open_loop(base_url: str, rate: float, seconds: float) -> list[tuple[int, float, str]]:
-    results: list[tuple[int, float, str]] = []
     limits = httpx.Limits(max_connections=1000, max_keepalive_connections=100)
     async with httpx.AsyncClient(timeout=180, limits=limits) as http:
-        async def one() -> None:
-            sent = time.monotonic()
-            r = await http.post(f"{base_url}/v1/completions", json=BODY)
-            results.append((r.status_code, time.monotonic() - sent,
-                            r.headers.get("retry-after", "") if r.status_code == 429 else r.text))
         tasks = []
         started = time.monotonic()
         n = 0
         while time.monotonic() - started < seconds:
-            tasks.append(asyncio.ensure_future(one()))
+            tasks.append(asyncio.ensure_future(one_request(http, base_url)))
             n += 1
             await asyncio.sleep(max(0.0, started + n / rate - time.monotonic()))
-        await asyncio.gather(*tasks)
-    return results
+        return list(await asyncio.gather(*tasks))
 
 
-def test_three_times_capacity_gets_429_for_the_excess_and_the_rest_completes(base_url):
+def p95(values: list[float]) -> float:
+    return sorted(values)[int(len(values) * 0.95)]
+
+
+def test_three_times_capacity_gets_429_for_the_excess_and_the_rest_completes(cluster, base_url):
     workers_before = {w for pool, n in POOLS.items() for w in replica_stats(pool, n)}
-    capacity = asyncio.run(closed_loop_rate(base_url, clients=16, seconds=8))
+    tier = cluster.cfg.tiers["interactive"]
+    asyncio.run(closed_loop(base_url, clients=tier.admission.max_running, seconds=4))  # warm-up
+    capacity, ttft_at_capacity = asyncio.run(closed_loop(base_url, tier.admission.max_running, seconds=8))
     rate = 3 * capacity
     results = asyncio.run(open_loop(base_url, rate, OPEN_LOOP_S))
 
     statuses = [s for s, _, _ in results]
-    ok = [lat for s, lat, _ in results if s == 200]
+    ttft = sorted(t for s, t, _ in results if s == 200)
     refused = [(lat, retry) for s, lat, retry in results if s == 429]
-    lat = sorted(ok)
-    print(f"\ncapacity {capacity:.1f} req/s closed loop; open loop {rate:.1f} req/s for {OPEN_LOOP_S} s: "
-          f"{len(results)} sent, {len(ok)} ok (latency p50 {lat[len(lat) // 2]:.2f} s, "
-          f"p95 {lat[int(len(lat) * 0.95)]:.2f} s), {len(refused)} got 429 "
-          f"(answered within {max(r[0] for r in refused):.3f} s)" if refused and lat else f"\n{results[:5]}")
+    slo, wait_bound = tier.slo.ttft_s, tier.admission.max_queue_wait_s
+    # Overload may add the bounded queue wait to what admitted requests see at capacity, and a
+    # margin for the CPU the refusals take on this 2-core machine; it may not add a backlog.
+    allowed = 1.5 * p95(ttft_at_capacity) + wait_bound
+    print(f"\ncapacity {capacity:.1f} req/s closed loop (TTFT p95 {p95(ttft_at_capacity):.2f} s); open loop "
+          f"{rate:.1f} req/s for {OPEN_LOOP_S} s: {len(results)} sent, {len(ttft)} ok (TTFT p50 "
+          f"{ttft[len(ttft) // 2]:.2f} s, p95 {p95(ttft):.2f} s, max {ttft[-1]:.2f} s; allowed p95 {allowed:.2f} s; "
+          f"tier SLO {slo:g} s {'met' if p95(ttft) <= slo else 'MISSED'}), {len(refused)} got 429 "
+          f"(answered in {sorted(r[0] for r in refused)[len(refused) // 2]:.3f} s p50, client-side)"
+          if refused and ttft else f"\n{results[:5]}")
     assert set(statuses) <= {200, 429}, [r for r in results if r[0] not in (200, 429)][:5]
     assert refused, "3x capacity never overflowed the tier's queue"
     assert all(retry.isdigit() for _, retry in refused)  # Retry-After on every 429
-    assert len(ok) >= capacity * OPEN_LOOP_S * 0.5  # the admitted share kept being served
+    assert len(ttft) >= capacity * OPEN_LOOP_S * 0.5  # the admitted share kept being served
+    # Not asserted: admitted requests' TTFT against `allowed` and the SLO. On the 2-core test
+    # machine most of it is spent outside the gate (a 429 itself takes ~2 s to come back: the
+    # Serve proxy, the gateway and this client share the cores with five engines), which no
+    # queue bound can see. Measured 2026-12-01: p95 10.4 s vs 5.0 s allowed (router/README.md).
     # No crash, no out-of-memory: the same engines answer, and the gateway is ready.
     assert {w for pool, n in POOLS.items() for w in replica_stats(pool, n)} == workers_before
     assert httpx.get(f"{base_url}/health", timeout=30).status_code == 200

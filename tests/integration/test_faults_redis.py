@@ -33,8 +33,8 @@ pytestmark = pytest.mark.integration
 
 TIER = "interactive"
 BLOCK = 128  # vLLM's CPU block size: prefixes of whole blocks are hashed and indexed
-LOAD_REQUESTS = 36
 CONCURRENCY = 4
+DOWN_S = 6
 
 
 def tokens(rng: random.Random, n: int) -> tuple[int, ...]:
@@ -107,36 +107,41 @@ async def scenario(backend, router, handles, server) -> None:
     await wait_until(lambda: prefix_hit(shared), 60, "no prefix hit through Redis before the outage")
     assert client.dbsize() > 0
 
-    # Load: LOAD_REQUESTS requests, CONCURRENCY at a time; Redis stops after the first third.
+    # Closed-loop load throughout; Redis is stopped for DOWN_S in the middle of it.
     finishes: list[str] = []
-    reasons_down: list[str] = []
-    sem = asyncio.Semaphore(CONCURRENCY)
+    served = {"before": 0, "down": 0, "after": 0}  # requests finished in each phase
+    phase = ["before"]
+    stop = asyncio.Event()
 
-    async def one(i: int) -> None:
-        async with sem:
+    async def client_loop(i: int) -> None:
+        while not stop.is_set():
             prompt = (shared if i % 2 else tokens(rng, 2 * BLOCK)) + tokens(rng, 30)
             finishes.append(await complete(backend, prompt))
+            served[phase[0]] += 1
 
-    load = asyncio.ensure_future(asyncio.gather(*(one(i) for i in range(LOAD_REQUESTS))))
-    while len(finishes) < LOAD_REQUESTS // 3:
+    load = asyncio.ensure_future(asyncio.gather(*(client_loop(i) for i in range(CONCURRENCY))))
+    while served["before"] < 2 * CONCURRENCY:
         await asyncio.sleep(0.1)
     server.stop()
-    stopped_at, done_at_stop = time.monotonic(), len(finishes)
-    while len(finishes) < 2 * LOAD_REQUESTS // 3:
+    phase[0], stopped_at = "down", time.monotonic()
+    reasons_down: list[str] = []
+    while time.monotonic() - stopped_at < DOWN_S:
         reasons_down.append((await router.route(engine_request(shared + tokens(rng, 20)), TIER)).reason)
-        await asyncio.sleep(0.2)
-    served_while_down = len(finishes) - done_at_stop
+        await asyncio.sleep(0.3)
     server.start()  # back, empty (no persistence)
-    down_s = time.monotonic() - stopped_at
+    restarted_at = time.monotonic()
+    phase[0], down_s = "after", restarted_at - stopped_at
+    while served["after"] < 2 * CONCURRENCY:
+        await asyncio.sleep(0.1)
+    stop.set()
     await load
 
-    assert finishes == ["length"] * LOAD_REQUESTS  # 0 failed requests
-    assert served_while_down > 0 and reasons_down and set(reasons_down) == {"index_unavailable"}, reasons_down
+    assert finishes == ["length"] * len(finishes)  # 0 failed requests
+    assert served["down"] > 0 and reasons_down and set(reasons_down) == {"index_unavailable"}, reasons_down
 
     # Back: new KV events land in the fresh Redis, and prefix routing works again.
-    recovered_at = time.monotonic()
     fresh = tokens(rng, 3 * BLOCK)
     await wait_until(lambda: prefix_hit(fresh), 60, "routing did not find prefixes through Redis again")
-    print(f"\n{LOAD_REQUESTS} requests, 0 failed; Redis down {down_s:.1f} s, {served_while_down} served "
+    print(f"\n{len(finishes)} requests ({served}), 0 failed; Redis down {down_s:.1f} s, {served['down']} served "
           f"meanwhile, {len(reasons_down)} routing probes all index_unavailable (load only); prefix hits "
-          f"again {time.monotonic() - recovered_at:.1f} s after Redis returned ({client.dbsize()} keys)")
+          f"again {time.monotonic() - restarted_at:.1f} s after Redis returned ({client.dbsize()} keys)")

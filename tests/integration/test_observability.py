@@ -38,12 +38,14 @@ def _traffic(base_url: str) -> None:
 @pytest.fixture(scope="module")
 def scraped(base_url) -> str:
     _traffic(base_url)
-    # The engine exporters publish every 2 s, Ray exports every 1 s here.
-    wait_for_metric("ray_tandem_engine_generation_tokens_total", 1, pool="decode", tier="batch")
-    wait_for_metric("ray_tandem_requests_total", 3, outcome="ok")
-    time.sleep(3)
-    text = scrape_metrics()
-    (TEST_STATE / "metrics-scrape.txt").write_text(text)
+    try:
+        # The engine exporters publish every 2 s, Ray exports every 1 s here.
+        wait_for_metric("ray_tandem_engine_generation_tokens_total", 1, pool="decode", tier="batch")
+        wait_for_metric("ray_tandem_requests_total", 3, outcome="ok")
+        time.sleep(3)
+    finally:
+        text = scrape_metrics()
+        (TEST_STATE / "metrics-scrape.txt").write_text(text)  # for whoever edits dashboards
     return text
 
 
@@ -75,7 +77,7 @@ def test_a_real_prometheus_scrapes_the_cluster_and_answers_a_ttft_query(base_url
     port = _free_port()
     targets = ", ".join(f"'127.0.0.1:{p}'" for p in METRICS_PORTS.values())
     config = tmp_path / "prometheus.yml"
-    config.write_text(f"global: {{scrape_interval: 1s}}\nscrape_configs:\n"
+    config.write_text(f"global: {{scrape_interval: 1s, evaluation_interval: 2s}}\nscrape_configs:\n"
                       f"  - job_name: tandem-ray\n    static_configs: [{{targets: [{targets}]}}]\n")
     rules = sorted((CHART / "rules").glob("*.yaml"))
     config.write_text(config.read_text() + "rule_files:\n" + "".join(f"  - {r}\n" for r in rules))

@@ -8,12 +8,13 @@ import pytest
 
 from cluster import engine_metrics
 from cluster.engine_metrics import EngineMetricsExporter
+from cluster import metrics
 from cluster.metrics import Counter, Gauge, Histogram
 from cluster.protocol import EngineRequest, SamplingSettings
 from router import request_metrics
 from router.openai.errors import too_many_requests
 from router.request_metrics import MeasuredBackend, outcome_of, route_label
-from tests.fakes import FakeBackend, RecordingMetric
+from tests.fakes import FakeBackend, RecordingMetric, RecordingRayGauge
 
 
 def test_labels_must_match_the_declared_names():
@@ -35,6 +36,22 @@ def test_gauge_inc_and_dec_keep_the_value_per_label_set():
     b.inc()
     gauge.labels(tier="a").dec()  # a new bound object, the same series
     assert gauge._values == {(("tier", "a"),): 1.0, (("tier", "b"),): 1.0}
+
+
+def test_gauges_are_recorded_again_so_a_still_value_does_not_age_out_of_ray():
+    """Ray drops a gauge series not recorded within two report intervals: a queue that sits
+    at 0 would vanish. The first value of a gauge puts it under the keeper, which records
+    every label set's current value again."""
+    gauge = Gauge("tandem_unit_kept_gauge", "doc", ["tier"])
+    gauge._metric = ray = RecordingRayGauge()
+    assert gauge not in metrics._KEEPER._gauges
+    gauge.labels(tier="a").inc()
+    gauge.labels(tier="b").set(5)
+    gauge.labels(tier="a").dec()
+    assert metrics._KEEPER._gauges.count(gauge) == 1 and metrics._KEEPER._thread.is_alive()
+    ray.sets.clear()
+    gauge.republish()
+    assert sorted(ray.sets, key=lambda s: s[1]["tier"]) == [(0.0, {"tier": "a"}), (5.0, {"tier": "b"})]
 
 
 def test_engine_exporter_copies_gauges_and_sends_counter_increments(monkeypatch):

@@ -23,7 +23,7 @@ stop:
 	$(VENV)/bin/tandem stop
 
 test: setup redis prometheus grafana-venv
-	$(VENV)/bin/python -m pytest -ra
+	$(VENV)/bin/python -m pytest -ra --durations=15
 	# grafana-push with the real grafana-client (its own venv: urllib3-future replaces urllib3)
 	.venv-grafana/bin/python -m pytest -ra -p no:cacheprovider tests/unit/test_grafana.py
 

@@ -29,9 +29,9 @@ from router.openai.errors import too_many_requests
 
 REJECTED = Counter("tandem_admission_rejected", "Requests refused with 429, by tier and why.", ["tier", "reason"])
 RUNNING = Gauge("tandem_admission_running", "Admitted requests in the pools, by tier.", ["tier"])
-RATE_WINDOW_S = 5.0  # long enough to span a few requests, short enough to follow a load change
-
 QUEUED = Gauge("tandem_admission_queued", "Requests waiting for admission, by tier.", ["tier"])
+
+RATE_WINDOW_S = 5.0  # long enough to span a few requests, short enough to follow a load change
 
 
 class TierGate:
@@ -54,8 +54,7 @@ class TierGate:
         """Seconds until the `position`-th in line gets a place at the recent rate; None before
         two places have freed up in the window (nothing to go on: only max_queued applies)."""
         now = self._clock()
-        while self._freed and self._freed[0] < now - RATE_WINDOW_S:
-            self._freed.popleft()
+        self._forget_before(now - RATE_WINDOW_S)
         n = len(self._freed)
         if n < 2:
             return None
@@ -63,6 +62,10 @@ class TierGate:
         # the last one counts too, so a stalled pool reads as slow at once.
         span = now - self._freed[0] + (self._freed[-1] - self._freed[0]) / (n - 1)
         return position * span / n
+
+    def _forget_before(self, cutoff: float) -> None:
+        while self._freed and self._freed[0] < cutoff:
+            self._freed.popleft()
 
     @property
     def queued(self) -> int:
@@ -103,7 +106,10 @@ class TierGate:
 
     def leave(self) -> None:
         """Release a place: hand it straight to the first waiter, or free it."""
-        self._freed.append(self._clock())
+        if self.max_queue_wait_s is not None:  # only the wait bound reads the rate
+            now = self._clock()
+            self._freed.append(now)
+            self._forget_before(now - RATE_WINDOW_S)  # bounded by the window, read or not
         while self._waiters:
             waiter = self._waiters.popleft()
             if not waiter.done():

@@ -38,19 +38,34 @@ def _traffic(base_url: str) -> None:
 @pytest.fixture(scope="module")
 def scraped(base_url) -> str:
     _traffic(base_url)
+    scrapes: list[str] = []
     try:
         # The engine exporters publish every 2 s, Ray exports every 1 s here.
         wait_for_metric("ray_tandem_engine_generation_tokens_total", 1, pool="decode", tier="batch")
         wait_for_metric("ray_tandem_requests_total", 3, outcome="ok")
         time.sleep(3)
+        # Scrapes over up to 30 s, as Prometheus would take them: Serve's controller records
+        # some gauges (ray_serve_deployment_replica_healthy) only at each health check (every
+        # 10 s), and Ray drops a gauge series after two report intervals (2 s in this test
+        # cluster, 20 s by default), so here such a series shows in some scrapes only.
+        used, deadline = metric_names_used(CHART), time.monotonic() + 30
+        while True:
+            scrapes.append(scrape_metrics())
+            if not used - _names("\n".join(scrapes)) or time.monotonic() > deadline:
+                break
+            time.sleep(0.5)
     finally:
-        text = scrape_metrics()
+        text = "\n".join(scrapes) if scrapes else scrape_metrics()
         (TEST_STATE / "metrics-scrape.txt").write_text(text)  # for whoever edits dashboards
     return text
 
 
+def _names(text: str) -> set[str]:
+    return {line.split("{")[0].split(" ")[0] for line in text.splitlines() if line and not line.startswith("#")}
+
+
 def test_every_metric_in_dashboards_and_rules_is_exported(scraped):
-    exported = {line.split("{")[0].split(" ")[0] for line in scraped.splitlines() if line and not line.startswith("#")}
+    exported = _names(scraped)
     used = metric_names_used(CHART)
     assert len(used) >= 20, used
     missing = sorted(used - exported)

@@ -35,11 +35,18 @@ class RedisServer:
         self.url = f"redis://127.0.0.1:{self.port}/0"
         self.proc = None
 
+    def listen_args(self) -> list[str]:
+        """Where and how it listens (a subclass adds a password or TLS)."""
+        return ["--port", str(self.port)]
+
+    def client(self) -> redis.Redis:
+        return redis.Redis.from_url(self.url)
+
     def start(self) -> None:
         self.proc = subprocess.Popen(
-            [self.binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
+            [self.binary, "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", *self.listen_args()],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        client = redis.Redis.from_url(self.url)
+        client = self.client()
         deadline = time.monotonic() + 10
         while True:
             try:

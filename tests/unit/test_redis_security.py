@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import datetime
 import ipaddress
-import subprocess
 
 import pytest
 import redis
@@ -30,25 +29,16 @@ class SecuredRedis(RedisServer):
         scheme = "rediss" if tls_files else "redis"
         self.url = f"{scheme}://127.0.0.1:{self.port}/0"
 
-    def start(self) -> None:
-        args = [self.binary, "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--requirepass", PASSWORD]
-        client_tls = {}
-        if self.tls_files:
-            cert, key = self.tls_files
-            args += ["--port", "0", "--tls-port", str(self.port), "--tls-cert-file", str(cert),
-                     "--tls-key-file", str(key), "--tls-ca-cert-file", str(cert), "--tls-auth-clients", "no"]
-            client_tls = {"ssl_ca_certs": str(cert)}
-        else:
-            args += ["--port", str(self.port)]
-        self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        client = redis.Redis.from_url(self.url, password=PASSWORD, **client_tls)
-        for _ in range(200):
-            try:
-                client.ping()
-                return
-            except redis.ConnectionError:
-                subprocess.run(["sleep", "0.05"])
-        raise RuntimeError(f"redis-server on {self.url} did not come up")
+    def listen_args(self) -> list[str]:
+        if not self.tls_files:
+            return ["--requirepass", PASSWORD, "--port", str(self.port)]
+        cert, key = self.tls_files
+        return ["--requirepass", PASSWORD, "--port", "0", "--tls-port", str(self.port), "--tls-cert-file", str(cert),
+                "--tls-key-file", str(key), "--tls-ca-cert-file", str(cert), "--tls-auth-clients", "no"]
+
+    def client(self) -> redis.Redis:
+        tls = {"ssl_ca_certs": str(self.tls_files[0])} if self.tls_files else {}
+        return redis.Redis.from_url(self.url, password=PASSWORD, **tls)
 
 
 @pytest.fixture

@@ -14,6 +14,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
@@ -78,7 +79,14 @@ def _sse(response: httpx.Response) -> list[dict]:
 
 
 def _chat(base_url: str, **body) -> dict:
-    resp = httpx.post(f"{base_url}/v1/chat/completions", json={"model": MODEL_NAME, **body}, timeout=180)
+    # The interactive tier refuses a request whose expected queue wait is over its bound
+    # (429 + Retry-After); a burst of 20 meets it on a slow machine, and is retried as the
+    # OpenAI SDKs do. What these tests check is the answer, not admission.
+    for _ in range(20):
+        resp = httpx.post(f"{base_url}/v1/chat/completions", json={"model": MODEL_NAME, **body}, timeout=180)
+        if resp.status_code != 429:
+            break
+        time.sleep(float(resp.headers["retry-after"]))
     assert resp.status_code == 200, resp.text
     return resp.json()
 
@@ -98,7 +106,7 @@ def test_json_schema_holds_for_20_seeded_prompts_via_pd_and_decode_only(base_url
     messages = [[{"role": "user", "content": f"Describe item number {i} as JSON."}] for i in range(20)]
     fmt = {"type": "json_schema", "json_schema": {"name": "item", "schema": SCHEMA, "strict": True}}
     before = _decode_stats()
-    with ThreadPoolExecutor(20) as pool:  # all 20 at once: one batch on the decode engine
+    with ThreadPoolExecutor(20) as pool:  # all 20 at once: batched on the decode engine
         pd = list(pool.map(lambda i: _chat(base_url, messages=messages[i], response_format=fmt, seed=i,
                                            temperature=1.0, max_tokens=JSON_MAX_TOKENS), range(20)))
         after = _decode_stats()

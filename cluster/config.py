@@ -163,6 +163,18 @@ class AdmissionConfig(_Strict):
         None, gt=0, description="Refuse on arrival when the expected wait for a place (place in line / recent rate "
                                 "of freed places) exceeds this; set it under the tier's TTFT objective so admitted "
                                 "requests meet it under overload. None: only max_queued bounds the line.")
+    target_ttft_s: Optional[float] = Field(
+        None, gt=0, description="Adapt the running places between min_running and max_running (AIMD) so admitted "
+                                "requests reach their first token within this, counted from taking their place; "
+                                "set it to the tier's TTFT objective minus max_queue_wait_s. None: max_running "
+                                "places, fixed.")
+    min_running: int = Field(1, ge=1, description="The fewest running places target_ttft_s may leave.")
+
+    @model_validator(mode="after")
+    def _min_within_max(self) -> "AdmissionConfig":
+        if self.min_running > self.max_running:
+            raise ValueError(f"min_running ({self.min_running}) must not exceed max_running ({self.max_running})")
+        return self
 
 
 class TierConfig(_Strict):

@@ -6,13 +6,17 @@ at most `max_running` of its requests in the pools, at most `max_queued` waiting
 a place, and a wait of at most `queue_timeout_s`. With `max_queue_wait_s` set, a request is
 also refused on arrival when its expected wait exceeds it: its place in line divided by the
 rate at which places freed up over the last `RATE_WINDOW_S` (Little's law), so the requests a
-tier admits under overload start within its TTFT objective instead of queueing past it. Past
-any bound the request gets 429 with Retry-After before any engine work. Tiers share nothing, so batch load never takes an
-interactive place or queue slot.
+tier admits under overload start within its TTFT objective instead of queueing past it. With
+`target_ttft_s` set, the number of running places adapts between `min_running` and
+`max_running` (router/concurrency_limit.py) so that admitted requests reach their first token
+within it: past the knee, more requests in the pools only queue inside the engines. Past any
+bound the request gets 429 with Retry-After before any engine work. Tiers share nothing, so
+batch load never takes an interactive place or queue slot.
 
 Call order per request: `generate(request)` → the first `anext` waits for a place (or raises
-429) → chunks stream → the place is released when the stream ends, fails or is closed
-(client gone: the edge closes the iterator and calls `abort`).
+429) → chunks stream (the first one reports the request's TTFT to the gate) → the place is
+released when the stream ends, fails or is closed (client gone: the edge closes the iterator
+and calls `abort`).
 """
 
 from __future__ import annotations
@@ -22,33 +26,51 @@ import time
 from collections import deque
 from typing import Any, AsyncIterator, Callable, Mapping, Optional
 
+from cluster.config import AdmissionConfig
 from cluster.metrics import Counter, Gauge
-
 from cluster.protocol import EngineRequest, TokenChunk
+from router.concurrency_limit import AdaptiveLimit
 from router.openai.errors import too_many_requests
 
 REJECTED = Counter("tandem_admission_rejected", "Requests refused with 429, by tier and why.", ["tier", "reason"])
 RUNNING = Gauge("tandem_admission_running", "Admitted requests in the pools, by tier.", ["tier"])
 QUEUED = Gauge("tandem_admission_queued", "Requests waiting for admission, by tier.", ["tier"])
+LIMIT = Gauge("tandem_admission_limit", "Running places a tier offers now (adapts with target_ttft_s).", ["tier"])
 
 RATE_WINDOW_S = 5.0  # long enough to span a few requests, short enough to follow a load change
 
 
 class TierGate:
-    """A FIFO gate: `max_running` places, `max_queued` waiting spots. Not thread-safe: one event loop."""
+    """A FIFO gate: `limit` places (max_running, or adaptive), `max_queued` waiting spots.
+    Not thread-safe: one event loop."""
 
-    def __init__(self, tier: str, max_running: int, max_queued: int, queue_timeout_s: float, retry_after_s: int,
-                 max_queue_wait_s: Optional[float] = None, clock: Callable[[], float] = time.monotonic):
+    def __init__(self, tier: str, config: AdmissionConfig, clock: Callable[[], float] = time.monotonic):
         self.tier = tier
-        self.max_running = max_running
-        self.max_queued = max_queued
-        self.queue_timeout_s = queue_timeout_s
-        self.retry_after_s = retry_after_s
-        self.max_queue_wait_s = max_queue_wait_s
+        self.max_queued = config.max_queued
+        self.queue_timeout_s = config.queue_timeout_s
+        self.retry_after_s = config.retry_after_s
+        self.max_queue_wait_s = config.max_queue_wait_s
         self.running = 0
         self._waiters: deque[asyncio.Future[None]] = deque()
         self._clock = clock
         self._freed: deque[float] = deque()  # when places freed up, over the last RATE_WINDOW_S
+        self._max_running = config.max_running
+        self._adaptive = None if config.target_ttft_s is None else AdaptiveLimit(
+            config.target_ttft_s, config.min_running, config.max_running, clock)
+
+    @property
+    def limit(self) -> int:
+        return self._max_running if self._adaptive is None else self._adaptive.limit
+
+    def first_token(self, admitted_at: float) -> None:
+        """An admitted request's first token (admitted_at: the clock when it got its place)."""
+        if self._adaptive is not None:
+            self._adaptive.observe(self._clock() - admitted_at, admitted_at, self.running)
+            self._admit_waiters()  # the limit may have grown
+            LIMIT.labels(self.tier).set(self.limit)
+
+    def now(self) -> float:
+        return self._clock()
 
     def expected_wait_s(self, position: int) -> Optional[float]:
         """Seconds until the `position`-th in line gets a place at the recent rate; None before
@@ -77,11 +99,11 @@ class TierGate:
 
     async def enter(self) -> None:
         """Take a place, waiting in line if needed; raises 429 when the line is full or too slow."""
-        if self.running < self.max_running and not self._waiters:
+        if self.running < self.limit and not self._waiters:
             self.running += 1
             return
         if len(self._waiters) >= self.max_queued:
-            raise self._reject("queue_full", f"The {self.tier} tier is at capacity ({self.max_running} running, "
+            raise self._reject("queue_full", f"The {self.tier} tier is at capacity ({self.limit} running, "
                                              f"{self.max_queued} queued); retry after {self.retry_after_s} s.")
         if self.max_queue_wait_s is not None:
             wait = self.expected_wait_s(len(self._waiters) + 1)
@@ -105,33 +127,35 @@ class TierGate:
             raise
 
     def leave(self) -> None:
-        """Release a place: hand it straight to the first waiter, or free it."""
+        """Release a place, and hand free places to the first waiters (fewer if the limit shrank)."""
         if self.max_queue_wait_s is not None:  # only the wait bound reads the rate
             now = self._clock()
             self._freed.append(now)
             self._forget_before(now - RATE_WINDOW_S)  # bounded by the window, read or not
-        while self._waiters:
-            waiter = self._waiters.popleft()
-            if not waiter.done():
-                waiter.set_result(None)  # the place moves; `running` stays
-                return
         self.running -= 1
+        self._admit_waiters()
+
+    def _admit_waiters(self) -> None:
+        while self._waiters and self.running < self.limit:
+            waiter = self._waiters.popleft()
+            if not waiter.done():  # a waiter that gave up is skipped
+                waiter.set_result(None)
+                self.running += 1
 
 
 class AdmissionControl:
     """An OpenAIBackend that admits each request through its tier's gate."""
 
     def __init__(self, backend: Any, limits: Mapping[str, Any], default_tier: str):
-        """`limits`: tier → AdmissionConfig (max_running, max_queued, queue_timeout_s, retry_after_s)."""
+        """`limits`: tier → its AdmissionConfig."""
         self.backend = backend
         self.model_id = backend.model_id
         self.max_model_len = backend.max_model_len
         self.tokenizer = backend.tokenizer
         self.default_tier = default_tier
-        self.gates = {
-            tier: TierGate(tier, a.max_running, a.max_queued, a.queue_timeout_s, a.retry_after_s, a.max_queue_wait_s)
-            for tier, a in limits.items()
-        }
+        self.gates = {tier: TierGate(tier, config) for tier, config in limits.items()}
+        for gate in self.gates.values():
+            LIMIT.labels(gate.tier).set(gate.limit)
 
     async def generate(self, request: EngineRequest) -> AsyncIterator[TokenChunk]:
         gate = self.gates[request.tier or self.default_tier]
@@ -141,8 +165,12 @@ class AdmissionControl:
         finally:
             QUEUED.labels(gate.tier).dec()
         RUNNING.labels(gate.tier).inc()
+        admitted_at, first = gate.now(), True
         try:
             async for chunk in self.backend.generate(request):
+                if first:
+                    gate.first_token(admitted_at)
+                    first = False
                 yield chunk
         finally:
             gate.leave()
@@ -153,5 +181,6 @@ class AdmissionControl:
 
     async def health(self) -> dict[str, Any]:
         info = dict(await self.backend.health())
-        info["admission"] = {t: {"running": g.running, "queued": g.queued} for t, g in self.gates.items()}
+        info["admission"] = {t: {"running": g.running, "queued": g.queued, "limit": g.limit}
+                             for t, g in self.gates.items()}
         return info

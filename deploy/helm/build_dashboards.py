@@ -132,7 +132,8 @@ def pools() -> dict:
         panel("Running sequences (batch size)", [
             target(f"sum by (tier, pool) (ray_tandem_engine_requests_running{{{TIER}}})", "{{tier}}-{{pool}}"),
             target(f"sum by (tier) (ray_tandem_admission_running{{{TIER}}})", "{{tier}} admitted by the gateway"),
-        ], "short"),
+            target(f"sum by (tier) (ray_tandem_admission_limit{{{TIER}}})", "{{tier}} places the gateway offers"),
+        ], "short", "The gateway's places adapt to the tier's TTFT target (admission.target_ttft_s)."),
         panel("Batch size in tokens per engine step", [target(
             f"{engine('ray_tandem_engine_scheduled_tokens_total')}\n/ {engine('ray_tandem_engine_steps_total')}",
             "{{tier}}-{{pool}}")], "short", "Tokens scheduled per forward pass, averaged over the pool."),

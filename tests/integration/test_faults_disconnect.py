@@ -24,7 +24,7 @@ pytestmark = pytest.mark.integration
 
 CLIENTS = 200
 EARLY = 50  # of them hang up before the first token
-CONCURRENCY = 32  # clients connected at once (the interactive tier admits 16 and queues 32)
+CONCURRENCY = 32  # clients connected at once (the interactive tier admits 4-16 and queues 32)
 TOKENS_BEFORE_HANGUP = 3
 POOLS = {"interactive-prefill": 2, "interactive-decode": 1}
 SETTLE_S = 60
@@ -42,7 +42,7 @@ async def client(http: httpx.AsyncClient, base_url: str, ids: list[int], early: 
     body = {"model": MODEL_NAME, "prompt": ids, "max_tokens": 300, "ignore_eos": True,
             "temperature": 0.8, "stream": True}
     try:
-        for _ in range(30):  # a 429 (the queue's expected wait is too long) is retried, as SDKs do
+        for _ in range(300):  # a 429 (the tier is full: a place would take too long) is retried, as SDKs do
             async with http.stream("POST", f"{base_url}/v1/completions", json=body) as resp:
                 if resp.status_code == 429:
                     out["retried_429"] += 1

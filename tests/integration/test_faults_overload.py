@@ -1,13 +1,14 @@
 """Open-loop load at about 3x capacity on the interactive tier: the excess gets 429 with
 Retry-After, nothing crashes, every admitted request completes. The gate refuses arrivals
-whose expected wait is over admission.max_queue_wait_s; the admitted requests' TTFT under
-overload, against their TTFT at capacity plus that bound and against the tier's SLO, is
-printed, not asserted (see the note at the end of the test).
+whose expected wait is over admission.max_queue_wait_s and adapts its running places to
+admission.target_ttft_s; the admitted requests' TTFT under overload, against the tier's SLO,
+is printed, not asserted (timings are for benchmarks; see the note at the end of the test).
 
-Capacity is measured first (closed loop, as many clients as the tier admits, after a
-warm-up); then requests arrive at 3x that rate regardless of answers (open loop) for 25 s. The tier
-admits 16 running and 32 queued (tests/integration/conftest.py), so the backlog overflows
-within seconds and the gateway must refuse it before any engine work.
+Capacity is measured first (closed loop, as many clients as the tier's max_running, after a
+warm-up; a 429 is retried after Retry-After); then requests arrive at 3x that rate regardless
+of answers (open loop) for 25 s. The tier admits at most 16 running and 32 queued
+(tests/integration/conftest.py), so the backlog overflows within seconds and the gateway must
+refuse it before any engine work.
 """
 
 from __future__ import annotations
@@ -44,14 +45,17 @@ async def one_request(http: httpx.AsyncClient, base_url: str) -> tuple[int, floa
 
 
 async def closed_loop(base_url: str, clients: int, seconds: float) -> tuple[float, list[float]]:
-    """Requests per second and TTFTs with `clients` always in flight (the gate never queues)."""
+    """Completed requests per second and their TTFTs with `clients` always trying."""
     ttfts: list[float] = []
     deadline = time.monotonic() + seconds
     async with httpx.AsyncClient(timeout=120) as http:
         async def loop() -> None:
             while time.monotonic() < deadline:
                 status, ttft, text = await one_request(http, base_url)
-                assert status == 200, text
+                assert status in (200, 429), text
+                if status == 429:  # the gate holds fewer places than clients: back off as told
+                    await asyncio.sleep(float(text))
+                    continue
                 ttfts.append(ttft)
         started = time.monotonic()
         await asyncio.gather(*(loop() for _ in range(clients)))
@@ -80,30 +84,30 @@ def test_three_times_capacity_gets_429_for_the_excess_and_the_rest_completes(clu
     tier = cluster.cfg.tiers["interactive"]
     asyncio.run(closed_loop(base_url, clients=tier.admission.max_running, seconds=4))  # warm-up
     capacity, ttft_at_capacity = asyncio.run(closed_loop(base_url, tier.admission.max_running, seconds=8))
+    ttft_at_capacity.sort()
     rate = 3 * capacity
     results = asyncio.run(open_loop(base_url, rate, OPEN_LOOP_S))
 
     statuses = [s for s, _, _ in results]
     ttft = sorted(t for s, t, _ in results if s == 200)
     refused = [(lat, retry) for s, lat, retry in results if s == 429]
-    slo, wait_bound = tier.slo.ttft_s, tier.admission.max_queue_wait_s
-    # Overload may add the bounded queue wait to what admitted requests see at capacity, and a
-    # margin for the CPU the refusals take on this 2-core machine; it may not add a backlog.
-    allowed = 1.5 * p95(ttft_at_capacity) + wait_bound
-    print(f"\ncapacity {capacity:.1f} req/s closed loop (TTFT p95 {p95(ttft_at_capacity):.2f} s); open loop "
+    slo = tier.slo.ttft_s
+    places = httpx.get(f"{base_url}/health", timeout=30).json()["admission"]["interactive"]["limit"]
+    print(f"\ncapacity {capacity:.1f} req/s closed loop (TTFT p50 {ttft_at_capacity[len(ttft_at_capacity) // 2]:.2f}"
+          f" s, p95 {p95(ttft_at_capacity):.2f} s); open loop "
           f"{rate:.1f} req/s for {OPEN_LOOP_S} s: {len(results)} sent, {len(ttft)} ok (TTFT p50 "
-          f"{ttft[len(ttft) // 2]:.2f} s, p95 {p95(ttft):.2f} s, max {ttft[-1]:.2f} s; allowed p95 {allowed:.2f} s; "
+          f"{ttft[len(ttft) // 2]:.2f} s, p95 {p95(ttft):.2f} s, max {ttft[-1]:.2f} s; "
           f"tier SLO {slo:g} s {'met' if p95(ttft) <= slo else 'MISSED'}), {len(refused)} got 429 "
-          f"(answered in {sorted(r[0] for r in refused)[len(refused) // 2]:.3f} s p50, client-side)"
+          f"(answered in {sorted(r[0] for r in refused)[len(refused) // 2]:.3f} s p50, client-side); "
+          f"running places after: {places} of {tier.admission.max_running}"
           if refused and ttft else f"\n{results[:5]}")
     assert set(statuses) <= {200, 429}, [r for r in results if r[0] not in (200, 429)][:5]
     assert refused, "3x capacity never overflowed the tier's queue"
     assert all(retry.isdigit() for _, retry in refused)  # Retry-After on every 429
     assert len(ttft) >= capacity * OPEN_LOOP_S * 0.5  # the admitted share kept being served
-    # Not asserted: admitted requests' TTFT against `allowed` and the SLO. On the 2-core test
-    # machine most of it is spent outside the gate (a 429 itself takes ~2 s to come back: the
-    # Serve proxy, the gateway and this client share the cores with five engines), which no
-    # queue bound can see. Measured 2026-12-01: p95 10.4 s vs 5.0 s allowed (router/README.md).
+    # Not asserted: admitted requests' TTFT against the SLO (a timing; router/README.md has the
+    # figures). On the 2-core test machine part of it is spent outside the gate (the Serve proxy,
+    # the gateway and this client share the cores with five engines), which no gate can see.
     # No crash, no out-of-memory: the same engines answer, and the gateway is ready.
     assert {w for pool, n in POOLS.items() for w in replica_stats(pool, n)} == workers_before
     assert httpx.get(f"{base_url}/health", timeout=30).status_code == 200

@@ -11,6 +11,7 @@ from fastapi.testclient import TestClient
 from cluster.config import AdmissionConfig
 from cluster.protocol import EngineRequest, SamplingSettings
 from router.admission import AdmissionControl, TierGate
+from router.concurrency_limit import AdaptiveLimit
 from router.openai.app import build_openai_app
 from router.openai.errors import OpenAIError
 from tests.fakes import FakeBackend
@@ -32,7 +33,7 @@ async def start(admission, req):
 
 def test_gate_is_fifo_and_hands_places_on():
     async def main():
-        gate = TierGate("t", max_running=1, max_queued=2, queue_timeout_s=5, retry_after_s=1)
+        gate = TierGate("t", AdmissionConfig(max_running=1, max_queued=2, queue_timeout_s=5, retry_after_s=1))
         await gate.enter()
         order = []
 
@@ -59,7 +60,7 @@ def test_gate_is_fifo_and_hands_places_on():
 
 def test_queue_timeout_and_cancelled_waiters_leave_no_trace():
     async def main():
-        gate = TierGate("t", max_running=1, max_queued=5, queue_timeout_s=0.05, retry_after_s=2)
+        gate = TierGate("t", AdmissionConfig(max_running=1, max_queued=5, queue_timeout_s=0.05, retry_after_s=2))
         await gate.enter()
         with pytest.raises(OpenAIError) as exc:
             await gate.enter()
@@ -89,8 +90,8 @@ def test_expected_wait_past_the_bound_is_refused_on_arrival_and_follows_the_rate
     only max_queued applies. A faster rate later admits more again; a stall reads as slow."""
     async def main():
         clock = FakeClock()
-        gate = TierGate("t", max_running=1, max_queued=10, queue_timeout_s=60, retry_after_s=1,
-                        max_queue_wait_s=1.2, clock=clock)
+        gate = TierGate("t", AdmissionConfig(max_running=1, max_queued=10, queue_timeout_s=60, retry_after_s=1,
+                                             max_queue_wait_s=1.2), clock=clock)
         await gate.enter()
         assert gate.expected_wait_s(1) is None
         waiters = [asyncio.create_task(gate.enter()) for _ in range(4)]  # no history: all queue
@@ -131,7 +132,7 @@ def test_without_a_wait_bound_only_the_queue_length_refuses():
     """The default: however slow places free up (2 in 6 s), the line fills up to max_queued."""
     async def main():
         clock = FakeClock()
-        gate = TierGate("t", max_running=1, max_queued=3, queue_timeout_s=60, retry_after_s=1, clock=clock)
+        gate = TierGate("t", AdmissionConfig(max_running=1, max_queued=3, queue_timeout_s=60, retry_after_s=1), clock=clock)
         await gate.enter()
         for _ in range(2):
             clock.now += 1
@@ -151,6 +152,79 @@ def test_without_a_wait_bound_only_the_queue_length_refuses():
 
     assert AdmissionConfig().max_queue_wait_s is None
     asyncio.run(main())
+
+
+def test_adaptive_limit_cuts_once_per_round_and_grows_only_when_in_use():
+    """AIMD on time to first token (router/concurrency_limit.py), step by step."""
+    clock = FakeClock()
+    limit = AdaptiveLimit(target_s=1.0, floor=2, ceiling=8, clock=clock)
+    assert limit.limit == 8
+    admitted = clock.now
+    clock.now += 1.5
+    limit.observe(1.5, admitted, running=8)  # slow: 8 * 0.75
+    assert limit.limit == 6
+    limit.observe(1.6, admitted, running=8)  # admitted before that cut: same round, no new cut
+    assert limit.limit == 6
+    limit.observe(1.2, clock.now, running=6)  # admitted after it: a new round
+    assert limit.limit == 4
+    limit.observe(0.5, clock.now, running=3)  # fast, but the limit is not in use: stays
+    assert limit.limit == 4
+    limit.observe(0.5, clock.now, running=4)  # fast and full: +1
+    assert limit.limit == 5
+    for _ in range(5):
+        clock.now += 1
+        limit.observe(3.0, clock.now, running=5)
+    assert limit.limit == 2  # the floor
+    for _ in range(20):
+        limit.observe(0.1, clock.now, running=limit.limit)
+    assert limit.limit == 8  # the ceiling
+    with pytest.raises(ValueError):
+        AdaptiveLimit(1.0, floor=3, ceiling=2, clock=clock)
+
+
+def test_gate_with_a_ttft_target_admits_fewer_when_slow_and_more_when_fast():
+    """Slow first tokens shrink the places (4 → 3 → 2): later arrivals queue, and a leaving
+    request frees no place while over the limit. Fast ones grow it back, admitting waiters."""
+    async def main():
+        clock = FakeClock()
+        config = AdmissionConfig(max_running=4, min_running=2, max_queued=10, queue_timeout_s=60, target_ttft_s=1.0)
+        gate = TierGate("t", config, clock=clock)
+        for _ in range(4):
+            await gate.enter()
+        admitted = clock.now
+        clock.now += 2
+        gate.first_token(admitted)  # 2 s > 1 s: 4 * 0.75 = 3
+        assert gate.limit == 3
+        waiters = [asyncio.create_task(gate.enter()) for _ in range(3)]
+        await asyncio.sleep(0)
+        assert (gate.running, gate.queued) == (4, 3)
+        gate.leave()  # 3 running, limit 3: nobody moves up
+        await asyncio.sleep(0)
+        assert (gate.running, gate.queued) == (3, 3)
+        clock.now += 1.5  # a request admitted after the cut reports 1.5 s: a new round, 3 * 0.75 → 2
+        gate.first_token(clock.now - 1.5)
+        assert gate.limit == 2
+        gate.leave()
+        assert (gate.running, gate.queued) == (2, 3)
+        gate.first_token(clock.now - 0.2)  # fast while full: 3 places, one waiter moves up
+        await asyncio.sleep(0)
+        assert (gate.running, gate.queued, gate.limit) == (3, 2, 3)
+        for _ in range(2):  # up to the ceiling, 4: one more moves up
+            gate.first_token(clock.now - 0.2)
+        assert (gate.running, gate.queued, gate.limit) == (4, 1, 4)
+        gate.leave()  # the last waiter takes the freed place
+        await asyncio.gather(*waiters)
+        assert (gate.running, gate.queued) == (4, 0)
+        while gate.running:
+            gate.leave()
+        assert (gate.running, gate.queued) == (0, 0)
+
+    asyncio.run(main())
+
+
+def test_min_running_over_max_running_is_refused_at_the_edge():
+    with pytest.raises(ValueError, match="min_running"):
+        AdmissionConfig(max_running=2, min_running=3)
 
 
 def test_batch_load_never_degrades_interactive_admission():
@@ -174,7 +248,7 @@ def test_batch_load_never_degrades_interactive_admission():
         for it, _ in held[1:]:
             await it.aclose()
         assert {t: (g.running, g.queued) for t, g in admission.gates.items()} == {"interactive": (0, 0), "batch": (0, 0)}
-        assert (await admission.health())["admission"]["batch"] == {"running": 0, "queued": 0}
+        assert (await admission.health())["admission"]["batch"] == {"running": 0, "queued": 0, "limit": 1}
 
     asyncio.run(main())
 

@@ -33,7 +33,7 @@ _COUNTERS = ["requests", "http_responses", "prompt_tokens", "output_tokens", "ad
                  "prefix_cache_queries", "prefix_cache_hits", "scheduled_tokens", "steps", "preemptions",
                  "requests_finished", "kv_transfer_bytes", "kv_transfers", "kv_transfer_seconds",
                  "kv_transfer_failures"))]
-_GAUGES = ["admission_running", "admission_queued", "engine_requests_running", "engine_requests_waiting",
+_GAUGES = ["admission_running", "admission_queued", "admission_limit", "engine_requests_running", "engine_requests_waiting",
            "engine_kv_cache_usage", "autoscaling_target_replicas", "autoscaling_current_replicas"]
 CATALOGUE = {
     *(f"ray_tandem_{h}_{part}" for h in _HISTOGRAMS for part in ("bucket", "sum", "count")),

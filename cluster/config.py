@@ -336,8 +336,9 @@ class ApiKeySource(_Strict):
 
 
 class RateLimitConfig(_Strict):
-    """Per-tenant limits at the gateway (router/ratelimit.py), per gateway replica; unset: none.
-    A request costs 1 request and prompt tokens + max_tokens tokens; over a limit: 429."""
+    """Per-tenant limits at the gateway (router/ratelimit.py); unset: none. Per gateway replica,
+    or shared by all of them with auth.rate_limit_store redis. A request costs 1 request and
+    prompt tokens + max_tokens tokens; over a limit: 429."""
 
     requests_per_minute: Optional[int] = Field(None, ge=1)
     tokens_per_minute: Optional[int] = Field(None, ge=1)
@@ -356,6 +357,11 @@ class AuthConfig(_Strict):
     tenants: dict[str, TenantConfig] = {}
     keys: tuple[ApiKeySource, ...] = ()
     tier_header: str = "X-Tandem-Tier"
+    rate_limit_store: Literal["memory", "redis"] = Field(
+        "memory", description="Where the tenants' rate-limit buckets live. memory: each gateway replica its own "
+                              "(N replicas allow up to N times the limits). redis: one set shared by every replica, "
+                              "in routing.index's Redis (its URL, credentials and TLS); while Redis is unreachable, "
+                              "each replica limits on its own.")
 
 
 class RayConfig(_Strict):
@@ -417,6 +423,8 @@ class ClusterConfig(_Strict):
         return self
 
     def _check_auth(self) -> None:
+        if self.auth.rate_limit_store == "redis" and not self.routing.index.redis_url:
+            raise ValueError("auth.rate_limit_store redis uses routing.index's Redis: set routing.index.redis_url")
         for name, tenant in self.auth.tenants.items():
             for tier in (tenant.tier, *tenant.allowed_tiers):
                 if tier not in self.tiers:

@@ -14,7 +14,7 @@ from router.disagg import DisaggregatedBackend
 from router.openai.app import build_openai_app
 from router.openai.tokenizer import PromptTokenizer
 from router.openai.tools import ToolCalling
-from router.ratelimit import RateLimiter
+from router.ratelimit_shared import rate_limiter_from_config
 from router.request_metrics import HttpMetricsMiddleware, MeasuredBackend, declare_series
 from router.routing.build import build_kv_router
 
@@ -37,8 +37,9 @@ class Gateway:
         self.tool_calling = ToolCalling.from_config(cfg, tokenizer.hf)
         # API key → tenant → tier; warns at start-up when the API is open (no keys).
         self.auth = ApiKeyAuth.from_config(cfg)
-        # Per-tenant requests/tokens per minute (auth.tenants.*.rate_limit), per gateway replica.
-        self.rate_limits = RateLimiter.from_config(cfg)
+        # Per-tenant requests/tokens per minute (auth.tenants.*.rate_limit), per gateway replica
+        # or shared by all of them in Redis (auth.rate_limit_store).
+        self.rate_limits = rate_limiter_from_config(cfg)
         # Bounded queue per tier in front of the pools: 429 with Retry-After beyond it.
         self.admission = AdmissionControl(
             self.backend, {tier: t.admission for tier, t in cfg.tiers.items()}, cfg.default_tier

@@ -8,9 +8,11 @@ tokens (the most it can use, as OpenAI counts), taken from both buckets together
 all. Over a limit: 429 in OpenAI's shape (type "requests" or "tokens", code
 "rate_limit_exceeded") with Retry-After, the seconds until the request would fit.
 
-The buckets live in the gateway replica's memory: with N gateway replicas a tenant gets up to
-N times its limits (Serve spreads requests across replicas). Requests without keys (an open
-API) are not limited here; admission control (router/admission.py) still bounds the load.
+Here the buckets live in the gateway replica's memory: with N gateway replicas a tenant gets
+up to N times its limits (Serve spreads requests across replicas). With
+auth.rate_limit_store redis, router/ratelimit_shared.py keeps the same buckets in Redis for
+all replicas and falls back to these while Redis is unreachable. Requests without keys (an
+open API) are not limited; admission control (router/admission.py) still bounds the load.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass
-from typing import Callable, Mapping, Optional
+from typing import Awaitable, Callable, Mapping, Optional
 
 from router.openai.errors import OpenAIError
 
@@ -29,6 +31,12 @@ Clock = Callable[[], float]
 class RateLimit:
     requests_per_minute: Optional[int] = None
     tokens_per_minute: Optional[int] = None
+
+
+def tenant_limits(cfg) -> dict[str, RateLimit]:
+    """auth.tenants.<name>.rate_limit of a ClusterConfig."""
+    return {name: RateLimit(t.rate_limit.requests_per_minute, t.rate_limit.tokens_per_minute)
+            for name, t in cfg.auth.tenants.items()}
 
 
 class TokenBucket:
@@ -59,11 +67,23 @@ class TokenBucket:
         self._level = self.level() - amount
 
 
-def rate_limited(kind: str, limit: int, message: str, retry_after_s: float) -> OpenAIError:
-    """429 as OpenAI sends it: type "requests" or "tokens", code rate_limit_exceeded."""
-    retry = max(1, math.ceil(retry_after_s)) if math.isfinite(retry_after_s) else 60
+def rate_limited(tenant: str, kind: str, limit: int, cost: int, wait_s: float) -> OpenAIError:
+    """429 as OpenAI sends it (type "requests" or "tokens", code rate_limit_exceeded), with
+    Retry-After; `wait_s` inf: the request can never fit the limit."""
+    per_min = "requests per min (RPM)" if kind == "requests" else "tokens per min (TPM)"
+    if math.isinf(wait_s):
+        message = (f"Request too large for tenant {tenant!r} on {per_min}: Limit {limit}, Requested {cost} "
+                   "(prompt tokens + max_tokens). Reduce the prompt or max_tokens.")
+    else:
+        message = (f"Rate limit reached for tenant {tenant!r} on {per_min}: Limit {limit}, Requested {cost}. "
+                   f"Please try again in {wait_s:.1f}s.")
+    retry = max(1, math.ceil(wait_s)) if math.isfinite(wait_s) else 60
     headers = {"Retry-After": str(retry), f"x-ratelimit-limit-{kind}": str(limit)}
     return OpenAIError(429, message, kind, None, "rate_limit_exceeded", headers)
+
+
+# The edge's rate-limit hook (router/openai/app.py): (headers, token cost) → None, or raises 429.
+EdgeHook = Callable[[Mapping[str, str], int], Awaitable[None]]
 
 
 class TenantLimiter:
@@ -83,15 +103,7 @@ class TenantLimiter:
         waits = {kind: bucket.wait_s(cost[kind]) for kind, bucket in self.buckets.items()}
         kind, wait = max(waits.items(), key=lambda kv: kv[1], default=("", 0.0))
         if wait > 0:
-            bucket = self.buckets[kind]
-            per_min = "requests per min (RPM)" if kind == "requests" else "tokens per min (TPM)"
-            if math.isinf(wait):
-                raise rate_limited(kind, bucket.capacity, (
-                    f"Request too large for tenant {self.tenant!r} on {per_min}: Limit {bucket.capacity}, "
-                    f"Requested {cost[kind]} (prompt tokens + max_tokens). Reduce the prompt or max_tokens."), wait)
-            raise rate_limited(kind, bucket.capacity, (
-                f"Rate limit reached for tenant {self.tenant!r} on {per_min}: Limit {bucket.capacity}, "
-                f"Requested {cost[kind]}. Please try again in {wait:.1f}s."), wait)
+            raise rate_limited(self.tenant, kind, self.buckets[kind].capacity, cost[kind], wait)
         for kind, bucket in self.buckets.items():
             bucket.take(cost[kind])
 
@@ -109,8 +121,7 @@ class RateLimiter:
     @classmethod
     def from_config(cls, cfg, clock: Clock = time.monotonic) -> "RateLimiter":
         """From a ClusterConfig: auth.tenants.<name>.rate_limit."""
-        return cls({name: RateLimit(t.rate_limit.requests_per_minute, t.rate_limit.tokens_per_minute)
-                    for name, t in cfg.auth.tenants.items()}, clock)
+        return cls(tenant_limits(cfg), clock)
 
     @property
     def active(self) -> bool:
@@ -121,6 +132,8 @@ class RateLimiter:
         if limiter is not None:
             limiter.admit(tokens)
 
-    def hook(self, tenant_of: Callable[[Mapping[str, str]], Optional[str]]) -> Callable[[Mapping[str, str], int], None]:
-        """The edge's `rate_limit` hook (headers, tokens) → None or 429; `tenant_of` is ApiKeyAuth.tenant_of."""
-        return lambda headers, tokens: self.check(tenant_of(headers), tokens)
+    def hook(self, tenant_of: Callable[[Mapping[str, str]], Optional[str]]) -> EdgeHook:
+        """The edge's `rate_limit` hook; `tenant_of` is ApiKeyAuth.tenant_of."""
+        async def rate_limit(headers: Mapping[str, str], tokens: int) -> None:
+            self.check(tenant_of(headers), tokens)
+        return rate_limit

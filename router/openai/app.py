@@ -12,7 +12,7 @@ import json
 import logging
 import time
 import uuid
-from typing import Any, Callable, Mapping, Optional, Union
+from typing import Any, Awaitable, Callable, Mapping, Optional, Union
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
@@ -115,10 +115,10 @@ async def read_json_body(request: Request, limit: int) -> Any:
 # The auth hook: request headers → the request's tier (None: the default tier). It raises an
 # OpenAIError (401/403/400) to refuse; it runs first on /v1/* (router/auth.py is the real one).
 Authenticate = Callable[[Mapping[str, str]], Optional[str]]
-# The rate-limit hook: (request headers, the request's token cost: prompt + max_tokens) → None,
-# or an OpenAIError 429 to refuse. It runs after validation, before any engine work
-# (router/ratelimit.py is the real one).
-RateLimit = Callable[[Mapping[str, str], int], None]
+# The rate-limit hook: (request headers, the request's token cost: prompt + max_tokens) →
+# awaitable None, or an OpenAIError 429 to refuse. It runs after validation, before any engine
+# work (router/ratelimit.py and router/ratelimit_shared.py are the real ones).
+RateLimit = Callable[[Mapping[str, str], int], Awaitable[None]]
 
 
 def build_openai_app(
@@ -240,7 +240,7 @@ def build_openai_app(
         prompt_ids = tokenize(req)
         sampling = sampling_of(req, len(prompt_ids), tool_request.structured if tool_request else req.structured_output())
         if rate_limit is not None:
-            rate_limit(request.headers, len(prompt_ids) + sampling.max_tokens)
+            await rate_limit(request.headers, len(prompt_ids) + sampling.max_tokens)
         engine_id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
         engine_request = EngineRequest(engine_id, tuple(prompt_ids), sampling, tier=tier)
         logger.debug("request %s -> %s, %d prompt tokens", edge_id, engine_id, len(prompt_ids))

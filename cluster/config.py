@@ -26,7 +26,10 @@ class _Strict(BaseModel):
 class ModelConfig(_Strict):
     path: Path = Field(description="Local checkpoint folder (safetensors + tokenizer).")
     name: Optional[str] = Field(None, description="Model id served on /v1/models; folder name if unset.")
-    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "bfloat16"
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
+        "auto", description="auto: the checkpoint's dtype on GPUs; on CPUs bfloat16 where the CPU has native bf16 "
+                            "(AVX-512 BF16 or AMX), else float32 (emulated bf16 is slower), decided on each "
+                            "engine's host.")
     max_model_len: int = Field(2048, ge=16)
     # vLLM tool parser for `tools` (e.g. hermes, llama3_json, mistral, pythonic); the gateway
     # checks the name at start. None: requests that may call tools get a 400.

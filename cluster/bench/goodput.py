@@ -31,6 +31,7 @@ from cluster.bench.engines import DirectEngines, DirectEngineSpec
 from cluster.bench.loadgen import replay
 from cluster.bench.workload import SLO, Mix, RequestKind, ScheduledRequest, poisson_schedule, summarize
 from cluster.config import ClusterConfig
+from cluster.worker import cpu_flags, engine_dtype
 
 ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_MODEL = ROOT / ".tandem" / "models" / "SmolLM2-135M-Instruct"
@@ -212,7 +213,8 @@ def plot(result: dict, path: Path) -> None:
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", type=Path, default=DEFAULT_MODEL, help="checkpoint folder (any vLLM model)")
-    p.add_argument("--dtype", default="bfloat16")
+    p.add_argument("--dtype", default="auto", help="auto: as tandem decides it on this host (cluster/worker.py), "
+                                                  "for all three systems alike")
     p.add_argument("--max-model-len", type=int, default=2048)
     p.add_argument("--systems", default=",".join(SYSTEMS), help=f"subset of {','.join(SYSTEMS)}")
     p.add_argument("--rates", default="0.25,0.5,1,1.5,2", help="offered loads in requests/s")
@@ -252,6 +254,7 @@ def main(argv=None) -> int:
         log(f"wrote {args.out / 'goodput.png'}")
         return 0
     gpu = on_gpu()
+    args.dtype = engine_dtype(args.dtype, gpu, cpu_flags())  # one concrete dtype for every system
     mix = Mix(RequestKind("prefill-heavy", args.long_prompt, args.long_output),
               RequestKind("decode-heavy", args.short_prompt, args.short_output), args.prefill_share)
     slo = SLO(args.ttft_slo, args.itl_slo)

@@ -20,8 +20,9 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass
-from typing import Awaitable, Callable, Mapping, Optional
+from typing import Callable, Mapping, Optional
 
+from router.openai.app import RateLimit as EdgeHook  # the edge's hook type
 from router.openai.errors import OpenAIError
 
 Clock = Callable[[], float]
@@ -81,9 +82,6 @@ def rate_limited(tenant: str, kind: str, limit: int, cost: int, wait_s: float) -
     headers = {"Retry-After": str(retry), f"x-ratelimit-limit-{kind}": str(limit)}
     return OpenAIError(429, message, kind, None, "rate_limit_exceeded", headers)
 
-
-# The edge's rate-limit hook (router/openai/app.py): (headers, token cost) → None, or raises 429.
-EdgeHook = Callable[[Mapping[str, str], int], Awaitable[None]]
 
 
 class TenantLimiter:

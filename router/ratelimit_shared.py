@@ -24,7 +24,8 @@ from typing import Callable, Mapping, Optional
 import redis
 import redis.asyncio
 
-from router.ratelimit import EdgeHook, RateLimit, RateLimiter, rate_limited, tenant_limits
+from router.openai.app import RateLimit as EdgeHook
+from router.ratelimit import RateLimit, RateLimiter, rate_limited, tenant_limits
 
 log = logging.getLogger(__name__)
 
@@ -80,7 +81,7 @@ class SharedRateLimiter:
                         if lim.requests_per_minute is not None or lim.tokens_per_minute is not None}
         self._client = client
         self._take = client.register_script(_TAKE)
-        self._where = where  # host:port, for the log; never the URL (it may carry a user name)
+        self._where = where  # host:port (redis_index.endpoint_of), for the log
         self._key_prefix = key_prefix
         self._period_s = period_s
         self._fallback = RateLimiter(self._limits)
@@ -129,14 +130,10 @@ def rate_limiter_from_config(cfg) -> RateLimiter | SharedRateLimiter:
     limits = tenant_limits(cfg)
     if cfg.auth.rate_limit_store == "memory":
         return RateLimiter(limits)
-    from urllib.parse import urlsplit
-
-    from router.prefix_index.redis_index import RedisTLS, client_kwargs
+    from router.prefix_index.redis_index import client_kwargs, endpoint_of, tls_of
 
     index = cfg.routing.index
-    tls = index.redis_tls
     kwargs = client_kwargs(index.redis_url, password=index.resolve_redis_password(), username=index.redis_username,
-                           tls=RedisTLS(tls.ca_file, tls.cert_file, tls.key_file, tls.verify) if tls else None)
-    parts = urlsplit(index.redis_url)
+                           tls=tls_of(index.redis_tls))
     return SharedRateLimiter(limits, redis.asyncio.Redis.from_url(index.redis_url, **kwargs),
-                             where=f"{parts.hostname}:{parts.port or 6379}", key_prefix=index.key_prefix)
+                             where=endpoint_of(index.redis_url), key_prefix=index.key_prefix)

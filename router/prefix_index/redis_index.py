@@ -51,6 +51,17 @@ class RedisTLS:
     verify: bool = True  # verify the server's certificate and host name
 
 
+def tls_of(config: Any) -> Optional[RedisTLS]:
+    """The RedisTLS of a routing.index.redis_tls config (None: no TLS options)."""
+    return None if config is None else RedisTLS(config.ca_file, config.cert_file, config.key_file, config.verify)
+
+
+def endpoint_of(url: str) -> str:
+    """host:port of a Redis URL, for logs and errors (never the URL: it may carry a user)."""
+    parts = urlsplit(url)
+    return f"{parts.hostname or '?'}:{parts.port or 6379}"
+
+
 def client_kwargs(url: str, *, password: Optional[str] = None, username: Optional[str] = None,
                   tls: Optional[RedisTLS] = None, timeout_s: float = 0.25) -> dict[str, Any]:
     """Keyword arguments of `redis.Redis.from_url(url, ...)` for the index."""
@@ -81,8 +92,7 @@ class RedisPrefixIndex:
         self._check_credentials(url)
 
     def _check_credentials(self, url: str) -> None:
-        where = urlsplit(url).hostname or "?"
-        where += f":{urlsplit(url).port or 6379}"
+        where = endpoint_of(url)
         try:
             self._redis.ping()
         except (redis.AuthenticationError, redis.ResponseError) as exc:

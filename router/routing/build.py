@@ -5,7 +5,7 @@ from __future__ import annotations
 from cluster.app import APP_NAME, deployment_name
 from cluster.config import ClusterConfig
 from router.prefix_index import make_index
-from router.prefix_index.redis_index import RedisTLS
+from router.prefix_index.redis_index import tls_of
 from router.routing.decider import PDDecider
 from router.routing.directory import pool_directory
 from router.routing.service import KVRouter
@@ -15,12 +15,10 @@ def build_kv_router(cfg: ClusterConfig) -> KVRouter:
     routing = cfg.routing
     index = None
     if routing.kv_events:
-        tls = routing.index.redis_tls
         index = make_index(routing.index.backend, redis_url=routing.index.redis_url,
                            redis_password=routing.index.resolve_redis_password(),
                            redis_username=routing.index.redis_username,
-                           redis_tls=RedisTLS(tls.ca_file, tls.cert_file, tls.key_file, tls.verify) if tls else None,
-                           prefix=routing.index.key_prefix)
+                           redis_tls=tls_of(routing.index.redis_tls), prefix=routing.index.key_prefix)
     directories = {
         (tier, pool): pool_directory(APP_NAME, deployment_name(tier, pool))
         for tier in cfg.tiers for pool in ("prefill", "decode")

@@ -209,6 +209,9 @@ class KVTransferConfig(_Strict):
     # Tiny patch of vLLM's NIXL CPU path (kv_transfer/cpu_patch.py): stops an idle progress
     # thread burning a core and the forward thread being moved off its bound core.
     cpu_patch: bool = True
+    # The prefill's sampled token is streamed as the first token and decode continues after
+    # it (kv_transfer/first_token.py); requests it cannot serve exactly take the plain path.
+    first_token_reuse: bool = True
 
 
 class GatewayConfig(_Strict):

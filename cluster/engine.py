@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 import logging
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, AsyncIterator, Optional
 
@@ -31,6 +31,7 @@ from cluster.protocol import (
     TokenChunk,
     TokenLogprob,
     TopLogprob,
+    merge_chunks,
 )
 from kv_transfer.handoff import prefill_request_params
 from kv_transfer.nixl import KVRole, NixlEndpoint, kv_transfer_config, nixl_env
@@ -100,6 +101,9 @@ def engine_environment(spec: EngineSpec) -> dict[str, str]:
     }
     if spec.cpu_binding and not spec.on_gpu:
         env["VLLM_CPU_OMP_THREADS_BIND"] = spec.cpu_binding
+    if not spec.on_gpu:
+        # vLLM's EngineCore and worker wait on each other without spinning (cluster/no_spin.py).
+        env["TANDEM_NO_SPIN"] = "1"
     if spec.nixl is not None:
         env.update(nixl_env(spec.kv, spec.nixl, spec.on_gpu))
     return env
@@ -215,22 +219,35 @@ class VLLMEngine:
         self._llm = AsyncLLM.from_engine_args(args)
         self._closed = False
 
-    async def prefill(self, request: EngineRequest) -> PrefillResult:
-        """Compute the prompt's KV and keep it for a remote decode (max_tokens=1)."""
-        params = _sampling_params(request.sampling, max_tokens=1, kv_params=prefill_request_params(),
-                                  prefill=True)
+    async def prefill(self, request: EngineRequest, *, first_token: bool = False) -> PrefillResult:
+        """Compute the prompt's KV and keep it for a remote decode (max_tokens=1).
+
+        With `first_token`, the one sampled token is the answer's first (the request's full
+        sampling settings apply, kv_transfer/first_token.py) and comes back as
+        `PrefillResult.first`; when it ends the answer (EOS, a stop, max_tokens 1) there may
+        be no KV to hand over. Without, the token is discarded, so decoding-time extras
+        (logprobs, constraints) are left out."""
+        keep_kv = not first_token or request.sampling.max_tokens > 1
+        params = _sampling_params(request.sampling, max_tokens=1,
+                                  kv_params=prefill_request_params() if keep_kv else None,
+                                  prefill=not first_token)
         final = None
-        async for output in self._llm.generate(
-            {"prompt_token_ids": list(request.prompt_token_ids)}, params, request.request_id
-        ):
+        chunks = []
+        async for output in self._generate(request, params):
             final = output
-        if final is None or final.kv_transfer_params is None:
+            chunks.append(self._chunk(request, output, sum(len(c.token_ids) for c in chunks)))
+        first = merge_chunks(chunks) if first_token and chunks else None
+        if first is not None and first.finish_reason == "length" and request.sampling.max_tokens > 1:
+            first = replace(first, finish_reason=None)  # the hop's max_tokens=1, not the answer's
+        kv_params = None if final is None or final.kv_transfer_params is None else dict(final.kv_transfer_params)
+        if kv_params is None and (first is None or first.finish_reason is None):
             raise RuntimeError(f"prefill of {request.request_id} returned no kv_transfer_params")
         return PrefillResult(
             request_id=request.request_id,
-            kv_transfer_params=dict(final.kv_transfer_params),
+            kv_transfer_params=kv_params,
             worker_id=self.spec.worker_id,
             num_prompt_tokens=len(request.prompt_token_ids),
+            first=first,
         )
 
     async def decode(
@@ -240,34 +257,43 @@ class VLLMEngine:
         params = _sampling_params(
             request.sampling, max_tokens=request.sampling.max_tokens, kv_params=kv_transfer_params
         )
+        produced = 0
+        async for output in self._generate(request, params):
+            chunk = self._chunk(request, output, produced)
+            produced = chunk.num_output_tokens
+            yield chunk
+
+    async def _generate(self, request: EngineRequest, params: Any) -> AsyncIterator[Any]:
         from vllm.exceptions import VLLMClientError
 
-        num_prompt = len(request.prompt_token_ids)
-        produced = 0
         try:
             async for output in self._llm.generate(
                 {"prompt_token_ids": list(request.prompt_token_ids)}, params, request.request_id
             ):
-                completion = output.outputs[0]
-                produced += len(completion.token_ids)
-                finish = completion.finish_reason if output.finished else None
-                if output.finished and finish is None:
-                    finish = "error"
-                logprobs = ()
-                if request.sampling.logprobs is not None:
-                    logprobs = _token_logprobs(completion.token_ids, completion.logprobs, request.sampling.logprobs)
-                yield TokenChunk(
-                    text=completion.text,
-                    token_ids=tuple(completion.token_ids),
-                    finish_reason=finish,
-                    num_prompt_tokens=num_prompt,
-                    num_output_tokens=produced,
-                    logprobs=logprobs,
-                )
+                yield output
         except VLLMClientError as exc:
             # vLLM's own request checks (e.g. a regex or JSON schema its structured-output
             # backend cannot compile): the client's error, a 400 at the edge, not a retry.
             raise InvalidEngineRequest(str(exc)) from None
+
+    @staticmethod
+    def _chunk(request: EngineRequest, output: Any, produced_before: int) -> TokenChunk:
+        """One vLLM RequestOutput (DELTA) as a TokenChunk; `produced_before`: tokens so far."""
+        completion = output.outputs[0]
+        finish = completion.finish_reason if output.finished else None
+        if output.finished and finish is None:
+            finish = "error"
+        logprobs = ()
+        if request.sampling.logprobs is not None:
+            logprobs = _token_logprobs(completion.token_ids, completion.logprobs, request.sampling.logprobs)
+        return TokenChunk(
+            text=completion.text,
+            token_ids=tuple(completion.token_ids),
+            finish_reason=finish,
+            num_prompt_tokens=len(request.prompt_token_ids),
+            num_output_tokens=produced_before + len(completion.token_ids),
+            logprobs=logprobs,
+        )
 
     async def abort(self, request_id: str) -> None:
         await self._llm.abort(request_id)

@@ -8,7 +8,7 @@ travel between Ray Serve deployments. They are plain data so Ray can pickle them
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
 
 class InvalidEngineRequest(ValueError):
@@ -63,12 +63,15 @@ class EngineRequest:
 
 @dataclass(frozen=True)
 class PrefillResult:
-    """What a prefill worker hands back: the opaque NIXL handoff for the decode worker."""
+    """What a prefill worker hands back: the opaque NIXL handoff for the decode worker, and
+    with first-token reuse the answer's first token (kv_transfer/first_token.py). None
+    params: the first token ended the answer, nothing to hand over."""
 
     request_id: str
-    kv_transfer_params: dict[str, Any]
+    kv_transfer_params: Optional[dict[str, Any]]
     worker_id: str
     num_prompt_tokens: int
+    first: Optional["TokenChunk"] = None
 
 
 @dataclass(frozen=True)
@@ -99,6 +102,20 @@ class TokenChunk:
     num_output_tokens: int = 0
     # One entry per token in token_ids when the request asked for logprobs, else empty.
     logprobs: tuple[TokenLogprob, ...] = ()
+
+
+def merge_chunks(chunks: "Sequence[TokenChunk]") -> TokenChunk:
+    """Consecutive deltas of one stream as one: texts, ids and logprobs joined, the last
+    chunk's finish reason and running totals."""
+    last = chunks[-1]
+    return TokenChunk(
+        text="".join(c.text for c in chunks),
+        token_ids=tuple(t for c in chunks for t in c.token_ids),
+        finish_reason=last.finish_reason,
+        num_prompt_tokens=last.num_prompt_tokens,
+        num_output_tokens=last.num_output_tokens,
+        logprobs=tuple(lp for c in chunks for lp in c.logprobs),
+    )
 
 
 @dataclass(frozen=True)

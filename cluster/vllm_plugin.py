@@ -6,6 +6,7 @@ What it does, each only where the engine wrapper asked for it in the environment
   SIGKILL (a crash, the OOM killer, `ray.kill`) cannot shut its engine down, and vLLM's
   EngineCore and worker would otherwise live on as orphans, holding memory and the NIXL port.
 - TANDEM_NIXL_CPU_PATCH=1: the NIXL CPU-host patch (kv_transfer/cpu_patch.py).
+- TANDEM_NO_SPIN=1: shared-memory queue readers wait instead of spinning (cluster/no_spin.py).
 """
 
 from __future__ import annotations
@@ -23,9 +24,11 @@ GRACE_S = 10.0
 def register() -> None:
     if os.environ.get(EXIT_WITH_PARENT) == "1":
         watch_parent()
+    from cluster import no_spin
     from kv_transfer import cpu_patch
 
     cpu_patch.register()
+    no_spin.register()
 
 
 _watching = False

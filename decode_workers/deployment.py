@@ -11,7 +11,8 @@ from ray import serve
 
 from cluster.config import ClusterConfig
 from cluster.engine import VLLMEngine
-from cluster.protocol import EngineRequest, TokenChunk
+from cluster.coalesce import coalesced
+from cluster.protocol import EngineRequest, TokenChunk, merge_chunks
 from cluster.worker import EngineReplica, build_engine_spec
 from kv_transfer.handoff import Handoff, HandoffMismatch
 
@@ -33,5 +34,6 @@ class DecodeWorker(EngineReplica):
             except HandoffMismatch as exc:
                 # Fail fast on an incompatible peer: compute the prompt here instead.
                 log.warning("request %s: %s; recomputing locally", request.request_id, exc)
-        async for chunk in self.engine.decode(request, params):
+        # Tokens that pile up while the gateway is busy go out as one Ray item (cluster/coalesce.py).
+        async for chunk in coalesced(self.engine.decode(request, params), merge_chunks):
             yield chunk

@@ -13,6 +13,10 @@ from typing import Any, Literal
 
 from cluster.config import KVTransferConfig
 
+# vLLM's NixlConnector, capped to pull no more than the prefill computed (connector.py). A
+# module path, not an import: only vLLM's EngineCore process loads the class.
+CONNECTOR_MODULE = "kv_transfer.connector"
+
 KVRole = Literal["kv_producer", "kv_consumer"]
 
 
@@ -43,6 +47,7 @@ def kv_transfer_config(cfg: KVTransferConfig, role: KVRole, on_gpu: bool) -> dic
         extra["num_threads"] = 1
     return {
         "kv_connector": "NixlConnector",
+        "kv_connector_module_path": CONNECTOR_MODULE,
         "kv_role": role,
         "kv_buffer_device": resolve_buffer_device(cfg, on_gpu),
         "kv_load_failure_policy": cfg.failure_policy,

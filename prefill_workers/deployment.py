@@ -1,5 +1,6 @@
 """The prefill pool: a real vLLM engine as NIXL producer. It computes a prompt's KV
-(max_tokens=1), keeps the blocks for a decode engine to pull, and returns the handoff."""
+(max_tokens=1), keeps the blocks for a decode engine to pull, and returns the handoff (with
+first-token reuse also the answer's first token)."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ class PrefillWorker(EngineReplica):
         self.engine = VLLMEngine(build_engine_spec(cfg, tier, "kv_producer"))
         self.export_metrics(tier)
 
-    async def prefill(self, request: EngineRequest) -> PrefillResult:
+    async def prefill(self, request: EngineRequest, first_token: bool = False) -> PrefillResult:
+        """`first_token`: sample the answer's first token here (kv_transfer/first_token.py)."""
         with self.signals.pending_prompt(len(request.prompt_token_ids)):  # autoscaling signal
-            return await self.engine.prefill(request)
+            return await self.engine.prefill(request, first_token=first_token)

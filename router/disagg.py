@@ -1,6 +1,9 @@
 """DisaggregatedBackend: one request's path through the pools, behind the OpenAI edge.
 
-prefill pool (max_tokens=1, returns a Handoff) → decode pool (pulls the KV over NIXL, streams).
+prefill pool (max_tokens=1, returns a Handoff and the answer's first token) → the first token
+to the client → decode pool (pulls the KV over NIXL, continues after the first token, streams).
+Where the prefill's token cannot serve as the first (kv_transfer/first_token.py names why),
+decode samples it itself, as without reuse.
 
 Which prefill and decode replica, and whether to prefill remotely at all, is the KVRouter's
 decision (router/routing/service.py); it never fails a request: when it cannot decide, Serve
@@ -18,12 +21,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 import time
 from typing import Any, AsyncIterator, Optional
 
 from cluster.metrics import Counter, Histogram
 from cluster.protocol import EngineRequest, InvalidEngineRequest, TierPools, TokenChunk
+from kv_transfer.first_token import FirstTokenOffset, continuation, reuse_blocker
 from kv_transfer.handoff import Handoff, HandoffMismatch
 from router.openai.errors import bad_request
 from router.routing.types import Pick, RouteDecision
@@ -48,6 +52,13 @@ DECODE_FIRST_TOKEN_SECONDS = Histogram(
     ["tier", "path"],
 )
 
+FIRST_TOKEN = Counter(
+    "tandem_first_token",
+    "Disaggregated requests by where their first token was sampled: path prefill (reused, "
+    "kv_transfer/first_token.py) or decode, with the reason the prefill's token could not be used.",
+    ["tier", "path", "reason"],
+)
+
 HEALTH_TIMEOUT_S = 5.0
 
 
@@ -64,7 +75,8 @@ class DisaggregatedBackend:
     """Implements router.openai's OpenAIBackend over Ray Serve handles to the two pools."""
 
     def __init__(self, *, model_id: str, max_model_len: int, tokenizer: Any, pools: dict[str, TierPools],
-                 default_tier: str, prefill_timeout_s: float, router: Any = None):
+                 default_tier: str, prefill_timeout_s: float, router: Any = None,
+                 first_token_reuse: bool = True):
         self.model_id = model_id
         self.max_model_len = max_model_len
         self.tokenizer = tokenizer
@@ -72,6 +84,7 @@ class DisaggregatedBackend:
         self._default_tier = default_tier
         self._prefill_timeout_s = prefill_timeout_s
         self._router = router  # a KVRouter, or None: Serve's own replica choice
+        self._first_token_reuse = first_token_reuse
         # request_id → pool → the hop in flight; `abort` sends each abort where its hop went.
         self._hops: dict[str, dict[str, _Hop]] = {}
         self._aborts: set[asyncio.Task] = set()  # fire-and-forget aborts, kept from the GC
@@ -79,14 +92,23 @@ class DisaggregatedBackend:
     def _tier(self, request: EngineRequest) -> TierPools:
         return self._pools[request.tier or self._default_tier]
 
-    async def _handoff(self, request: EngineRequest, prefill: Any) -> Optional[Handoff]:
-        """Run the prefill hop; None means: decode computes the prompt itself."""
+    async def _prefill_hop(self, request: EngineRequest, prefill: Any,
+                           first_token: bool) -> tuple[Optional[Handoff], Optional[TokenChunk]]:
+        """Run the prefill hop: the handoff (None: decode computes the prompt itself) and, with
+        `first_token`, the answer's first token (None: decode samples it)."""
         reason = None
         tier = request.tier or self._default_tier
         started = time.perf_counter()
+        first = None
+        handoff = None
         try:
-            result = await asyncio.wait_for(prefill.prefill.remote(request), timeout=self._prefill_timeout_s)
-            handoff = Handoff.from_prefill(self.model_id, result.kv_transfer_params)
+            result = await asyncio.wait_for(prefill.prefill.remote(request, first_token),
+                                            timeout=self._prefill_timeout_s)
+            first = result.first
+            if first is not None and first.finish_reason in ("error", "abort"):
+                raise RuntimeError(f"the prefill engine ended the request with {first.finish_reason!r}")
+            if first is None or first.finish_reason is None:  # else: the answer ended on token 1
+                handoff = Handoff.from_prefill(self.model_id, result.kv_transfer_params)
         except asyncio.TimeoutError:
             reason = "prefill_timeout"
             self._abort_later(request.request_id, "prefill")
@@ -99,10 +121,18 @@ class DisaggregatedBackend:
                         request.request_id, type(exc).__name__, exc)
         if reason is not None:
             ROUTES.labels(tier=tier, path="fallback_recompute", reason=reason).inc()
-            return None
+            return None, None
         PREFILL_HOP_SECONDS.labels(tier=tier).observe(time.perf_counter() - started)
         ROUTES.labels(tier=tier, path="disaggregated", reason="").inc()
-        return handoff
+        return handoff, first
+
+    def _reuse_first_token(self, request: EngineRequest) -> bool:
+        """Whether the prefill's token can be the answer's first (kv_transfer/first_token.py);
+        counted either way, with the reason when not."""
+        blocker = reuse_blocker(request.sampling) if self._first_token_reuse else "off"
+        FIRST_TOKEN.labels(tier=request.tier or self._default_tier, path="prefill" if blocker is None else "decode",
+                           reason=blocker or "").inc()
+        return blocker is None
 
     async def _route(self, request: EngineRequest) -> Optional[RouteDecision]:
         if self._router is None:
@@ -139,14 +169,31 @@ class DisaggregatedBackend:
         pools = self._tier(request)
         tier = request.tier or self._default_tier
         decision = await self._route(request)
+        first = None
         if decision is not None and decision.skip_prefill:
             handoff = None  # the P/D decider: decode computes the short uncached part itself
             path = "decode_only"
             ROUTES.labels(tier=tier, path=path, reason="").inc()
         else:
+            reuse = self._reuse_first_token(request)
             with self._dispatch(decision, "prefill", request):
-                handoff = await self._handoff(request, pools.prefill)
-            path = "disaggregated" if handoff is not None else "fallback_recompute"
+                handoff, first = await self._prefill_hop(request, pools.prefill, reuse)
+            path = "disaggregated" if handoff is not None or first is not None else "fallback_recompute"
+        offset = None
+        if first is not None:
+            # The prefill's token goes out now; decode continues after it.
+            yield replace(first, num_prompt_tokens=len(request.prompt_token_ids))
+            if first.finish_reason is not None:
+                return
+            offset = FirstTokenOffset(len(request.prompt_token_ids), len(first.token_ids))
+            request = continuation(request, first)
+        async for chunk in self._decode(request, handoff, decision, path, pools.decode):
+            yield chunk if offset is None else offset.apply(chunk)
+
+    async def _decode(self, request: EngineRequest, handoff: Optional[Handoff], decision: Optional[RouteDecision],
+                      path: str, pool: Any) -> AsyncIterator[TokenChunk]:
+        """The decode hop; retried once (wherever Serve sends it) if it fails before its first token."""
+        tier = request.tier or self._default_tier
         for attempt in (1, 2):
             # The retry goes wherever Serve sends it: the chosen replica may be the broken one.
             routed = decision if attempt == 1 else None
@@ -155,7 +202,7 @@ class DisaggregatedBackend:
             decode_called = time.perf_counter()
             try:
                 with self._dispatch(routed, "decode", request):
-                    stream = pools.decode.options(stream=True).generate.remote(request, handoff)
+                    stream = pool.options(stream=True).generate.remote(request, handoff)
                     async for chunk in stream:
                         if not started:
                             started = True

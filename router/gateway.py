@@ -14,6 +14,7 @@ from router.disagg import DisaggregatedBackend
 from router.openai.app import build_openai_app
 from router.openai.tokenizer import PromptTokenizer
 from router.openai.tools import ToolCalling
+from router.prewarm import HandshakeWarmer
 from router.ratelimit_shared import rate_limiter_from_config
 from router.request_metrics import HttpMetricsMiddleware, MeasuredBackend, declare_series
 from router.routing.build import build_kv_router
@@ -31,8 +32,11 @@ class Gateway:
             pools=pools,
             default_tier=cfg.default_tier,
             prefill_timeout_s=cfg.kv_transfer.prefill_timeout_s,
-            router=build_kv_router(cfg),
+            router=(router := build_kv_router(cfg)),
+            first_token_reuse=cfg.kv_transfer.first_token_reuse,
         )
+        # Every prefill/decode pair does its NIXL handshake before user traffic needs it.
+        self.warmer = HandshakeWarmer(pools=pools, model_id=cfg.model.served_name, router=router)
         # The model's vLLM tool parser (model.tool_parser); an unknown name fails the start here.
         self.tool_calling = ToolCalling.from_config(cfg, tokenizer.hf)
         # API key → tenant → tier; warns at start-up when the API is open (no keys).
@@ -47,6 +51,11 @@ class Gateway:
         # Outermost, so TTFT includes the admission queue and 429s count as outcomes.
         self.measured = MeasuredBackend(self.admission, cfg.default_tier)
         declare_series(list(cfg.tiers))
+
+    async def check_health(self) -> None:
+        """Serve's health probe, the first call made on the replica's event loop: it starts
+        the handshake warmer (idempotent)."""
+        self.warmer.start()
 
     def __serve_build_asgi_app__(self):
         # No /metrics here: metrics are Ray metrics, on each Ray node's metrics port, never

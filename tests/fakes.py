@@ -193,8 +193,9 @@ class FakeServePool:
     It routes the way KVAwareRequestRouter does (router/routing/serve_router.py): a call goes
     to the replica pinned for its request id in the PoolDirectory, else to Serve's own pick
     (here: the replicas in turn). Every call is recorded as (method, request_id, replica).
-    `prefill.remote` answers a handoff (or hangs with `hang_prefill`); the decode stream
-    yields one token every 10 ms until cancelled, or raises `refuse` (an exception) first.
+    `prefill.remote` answers a handoff and, asked for it, a first token (or hangs with
+    `hang_prefill`); the decode stream
+    yields one token every 10 ms until cancelled or max_tokens, or raises `refuse` first.
     """
 
     def __init__(self, directory: Any, replica_ids: Sequence[str], hang_prefill: bool = False) -> None:
@@ -235,23 +236,25 @@ class _FakeMethod:
         request_id = args[0] if isinstance(args[0], str) else args[0].request_id
         self.pool.route(self.name, request_id)
         if self.name == "generate":
-            return _FakeStream(self.pool.refuse)
-        return self._answer(request_id)
+            return _FakeStream(self.pool.refuse, limit=args[0].sampling.max_tokens)
+        return self._answer(request_id, first_token=len(args) > 1 and bool(args[1]))
 
-    async def _answer(self, request_id: str) -> Any:
+    async def _answer(self, request_id: str, first_token: bool) -> Any:
         from cluster.protocol import PrefillResult
 
         if self.name == "abort":
             return None
         if self.pool.hang_prefill:
             await asyncio.Event().wait()
-        return PrefillResult(request_id, {"do_remote_prefill": True, "remote_port": 1}, "fake", 3)
+        first = TokenChunk(text="a", token_ids=(1,), num_output_tokens=1) if first_token else None
+        return PrefillResult(request_id, {"do_remote_prefill": True, "remote_port": 1}, "fake", 3, first=first)
 
 
 class _FakeStream:
-    def __init__(self, refuse: Optional[BaseException] = None) -> None:
+    def __init__(self, refuse: Optional[BaseException] = None, limit: int = 1 << 30) -> None:
         self.cancelled = False
         self.refuse = refuse
+        self.left = limit
 
     def cancel(self) -> None:
         self.cancelled = True
@@ -263,9 +266,10 @@ class _FakeStream:
         await asyncio.sleep(0.01)
         if self.refuse is not None:
             raise self.refuse
-        if self.cancelled:
+        if self.cancelled or self.left <= 0:
             raise StopAsyncIteration
-        return TokenChunk(text="a", token_ids=(1,))
+        self.left -= 1
+        return TokenChunk(text="a", token_ids=(1,), finish_reason="length" if self.left == 0 else None)
 
 
 class RecordingRayGauge:

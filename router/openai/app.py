@@ -20,6 +20,7 @@ from starlette.datastructures import Headers, MutableHeaders
 from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from cluster.coalesce import coalesced
 from cluster.protocol import EngineRequest, SamplingSettings, StructuredOutput
 from router.openai.backend import OpenAIBackend
 from router.openai.errors import (
@@ -269,7 +270,8 @@ def build_openai_app(
                 guard.finished = first.finish_reason is not None
                 check_finish_reason(first.finish_reason, edge_id)
                 response = SSEResponse(
-                    sse_events(guard, first, ctx, acc, edge_id, parse_tools),
+                    # Events that are ready go out in one write: one Ray item to Serve's proxy.
+                    coalesced(sse_events(guard, first, ctx, acc, edge_id, parse_tools), b"".join),
                     guard,
                     media_type="text/event-stream",
                     headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},

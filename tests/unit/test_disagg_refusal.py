@@ -7,7 +7,9 @@ import asyncio
 
 import pytest
 
-from cluster.protocol import InvalidEngineRequest
+from dataclasses import replace
+
+from cluster.protocol import InvalidEngineRequest, StructuredOutput
 from router.openai.errors import OpenAIError
 from tests.unit.test_disagg_abort import make_backend, request
 
@@ -18,8 +20,11 @@ def test_a_request_the_engine_refuses_is_a_400_without_retry():
     async def main():
         backend, pools = make_backend()
         pools.decode.refuse = InvalidEngineRequest("Failed to transform regex into a grammar: backreference")
+        # A regex constraint: decode samples every token itself (no first-token reuse).
+        constrained = replace(request(0), sampling=replace(request(0).sampling,
+                                                            structured=StructuredOutput("regex", r"(a)\1")))
         with pytest.raises(OpenAIError) as exc:
-            await anext(backend.generate(request(0)))
+            await anext(backend.generate(constrained))
         return pools, exc.value
 
     pools, error = asyncio.run(main())

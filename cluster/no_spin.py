@@ -31,11 +31,6 @@ POLL_CAP_MS = 1
 _applied = False
 
 
-def register() -> None:
-    if os.environ.get(ENV_FLAG) == "1":
-        apply()
-
-
 def apply() -> None:
     global _applied
     if _applied:

@@ -27,8 +27,10 @@ def register() -> None:
     from cluster import no_spin
     from kv_transfer import cpu_patch
 
-    cpu_patch.register()
-    no_spin.register()
+    # Each patch acts only where the engine wrapper set its flag (never with a GPU).
+    for patch in (cpu_patch, no_spin):
+        if os.environ.get(patch.ENV_FLAG) == "1":
+            patch.apply()
 
 
 _watching = False

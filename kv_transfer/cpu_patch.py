@@ -26,12 +26,6 @@ ENV_FLAG = "TANDEM_NIXL_CPU_PATCH"
 _applied = False
 
 
-def register() -> None:
-    """Called by cluster.vllm_plugin in every vLLM process."""
-    if os.environ.get(ENV_FLAG) == "1":
-        apply()
-
-
 def apply() -> None:
     global _applied
     if _applied:

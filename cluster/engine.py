@@ -34,6 +34,7 @@ from cluster.protocol import (
     merge_chunks,
 )
 from kv_transfer.handoff import prefill_request_params
+from cluster.vllm_plugin import ENGINE_NICE
 from kv_transfer.nixl import KVRole, NixlEndpoint, kv_transfer_config, nixl_env
 
 log = logging.getLogger(__name__)
@@ -92,6 +93,12 @@ class EngineStats:
     kv_transfer_seconds: float = 0.0
 
 
+# The niceness of vLLM's compute processes on CPU hosts. The gateway and Serve's proxy do
+# little work but are on every token's path; at equal priority a busy engine delays them by
+# whole scheduler slices, which clients see as bursts.
+CPU_ENGINE_NICENESS = 5
+
+
 def engine_environment(spec: EngineSpec) -> dict[str, str]:
     env = {
         # The EngineCore runs in its own process; only then does vLLM apply the OMP binding.
@@ -102,8 +109,11 @@ def engine_environment(spec: EngineSpec) -> dict[str, str]:
     if spec.cpu_binding and not spec.on_gpu:
         env["VLLM_CPU_OMP_THREADS_BIND"] = spec.cpu_binding
     if not spec.on_gpu:
-        # vLLM's EngineCore and worker wait on each other without spinning (cluster/no_spin.py).
+        # vLLM's EngineCore and worker wait on each other without spinning (cluster/no_spin.py),
+        # and yield their cores to the gateway and Serve's proxy when those have work
+        # (cluster/vllm_plugin.py): on a small CPU host they share the engines' cores.
         env["TANDEM_NO_SPIN"] = "1"
+        env[ENGINE_NICE] = str(CPU_ENGINE_NICENESS)
     if spec.nixl is not None:
         env.update(nixl_env(spec.kv, spec.nixl, spec.on_gpu))
     return env

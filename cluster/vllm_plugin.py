@@ -7,16 +7,21 @@ What it does, each only where the engine wrapper asked for it in the environment
   EngineCore and worker would otherwise live on as orphans, holding memory and the NIXL port.
 - TANDEM_NIXL_CPU_PATCH=1: the NIXL CPU-host patch (kv_transfer/cpu_patch.py).
 - TANDEM_NO_SPIN=1: shared-memory queue readers wait instead of spinning (cluster/no_spin.py).
+- TANDEM_ENGINE_NICE=N: vLLM's EngineCore and worker processes run at niceness N (at least),
+  so the gateway and Serve's proxy on the same cores get the CPU when they have work. The
+  replica process itself, which relays every token, keeps its priority.
 """
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import signal
 import threading
 import time
 
 EXIT_WITH_PARENT = "TANDEM_EXIT_WITH_PARENT"
+ENGINE_NICE = "TANDEM_ENGINE_NICE"
 POLL_S = 1.0
 GRACE_S = 10.0
 
@@ -24,6 +29,8 @@ GRACE_S = 10.0
 def register() -> None:
     if os.environ.get(EXIT_WITH_PARENT) == "1":
         watch_parent()
+    if os.environ.get(ENGINE_NICE) and multiprocessing.parent_process() is not None:
+        lower_priority(int(os.environ[ENGINE_NICE]))
     from cluster import no_spin
     from kv_transfer import cpu_patch
 
@@ -31,6 +38,13 @@ def register() -> None:
     for patch in (cpu_patch, no_spin):
         if os.environ.get(patch.ENV_FLAG) == "1":
             patch.apply()
+
+
+def lower_priority(niceness: int) -> None:
+    """At least `niceness` for this process (inherited by its children); never raises it back."""
+    current = os.getpriority(os.PRIO_PROCESS, 0)
+    if niceness > current:
+        os.setpriority(os.PRIO_PROCESS, 0, niceness)
 
 
 _watching = False

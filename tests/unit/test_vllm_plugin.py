@@ -52,3 +52,24 @@ def test_watchdog_starts_once_per_process(monkeypatch):
 class _NoThread:
     def start(self) -> None:
         pass
+
+
+def test_engine_children_run_niced_and_the_replica_process_keeps_its_priority(tmp_path):
+    """vLLM's EngineCore/worker are multiprocessing children of the replica: only they are niced."""
+    probe = ("import multiprocessing as mp, os\n"
+             "def child(q):\n"
+             "    from cluster.vllm_plugin import register; register(); q.put(os.getpriority(os.PRIO_PROCESS, 0))\n"
+             "if __name__ == '__main__':\n"
+             "    from cluster.vllm_plugin import register; register()\n"
+             "    q = mp.get_context('spawn').Queue(); p = mp.get_context('spawn').Process(target=child, args=(q,))\n"
+             "    p.start(); print(os.getpriority(os.PRIO_PROCESS, 0), q.get()); p.join()\n")
+    import os
+    from pathlib import Path
+
+    script = tmp_path / "nice_probe.py"
+    script.write_text(probe)
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60,
+                         env={**os.environ, "TANDEM_ENGINE_NICE": "7", "PYTHONPATH": str(Path(__file__).parents[2])})
+    assert out.returncode == 0, out.stderr
+    replica, child = map(int, out.stdout.split())
+    assert child == max(7, replica) and replica == os.getpriority(os.PRIO_PROCESS, 0)

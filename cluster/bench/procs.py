@@ -152,3 +152,12 @@ def snapshot() -> dict[int, ProcRecord]:
         out[info["pid"]] = ProcRecord(info["pid"], info["ppid"] or 0, cmd, info["create_time"],
                                       times.user + times.system)
     return out
+
+
+def machine_busy_s(before, after) -> tuple[float, float]:
+    """(CPU seconds the whole machine was busy, seconds stolen by the hypervisor) between two
+    psutil.cpu_times() readings; exited processes included, which per-process sums miss."""
+    def busy(t) -> float:
+        return t.user + t.nice + t.system + getattr(t, "irq", 0.0) + getattr(t, "softirq", 0.0)
+
+    return max(0.0, busy(after) - busy(before)), max(0.0, getattr(after, "steal", 0.0) - getattr(before, "steal", 0.0))

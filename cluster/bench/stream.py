@@ -254,8 +254,9 @@ class Bench:
         client = procs.cpu_delta(before, after, [me])
         return after, deltas, sum(client.values())
 
-    async def batch(self, client, poller, system: str, convs: list[list[dict]], cell: dict[str, SystemCell]) -> list:
+    async def batch(self, client, poller, system: str, convs: list[list[dict]], cell: dict[str, SystemCell]) -> tuple:
         before = procs.snapshot()
+        machine_before = psutil.cpu_times()
         stop = asyncio.Event()
         models: list[float] = []
         t0 = time.perf_counter()
@@ -266,7 +267,11 @@ class Bench:
         errors = await poll
         wall = time.perf_counter() - t0
         _, deltas, client_cpu = self.cpu_since(before)
+        busy, steal = procs.machine_busy_s(machine_before, psutil.cpu_times())
         own = cell[system]
+        # Whatever else ran on the machine meanwhile (other users' work): the noise in the figures.
+        own.foreign_cpu_s += max(0.0, busy - client_cpu - sum(sum(d.values()) for d in deltas.values()))
+        own.steal_s += steal
         own.records += records
         own.models_ms += models
         own.models_errors += errors
@@ -277,7 +282,7 @@ class Bench:
             if other != system:
                 cell[other].idle_cpu_s += sum(deltas[other].values())
                 cell[other].idle_s += wall
-        return records
+        return records, models
 
     async def idle(self, poller, seconds: float) -> dict:
         """Nothing streaming: /v1/models latency of each system (polled in turn) and the CPU
@@ -333,13 +338,13 @@ class Bench:
                     order = SYSTEMS if b % 2 == 0 else tuple(reversed(SYSTEMS))  # ABBA: no system always second
                     for system in order:
                         convs = [prompts[spec["prompt"]].pop() for _ in range(conc)]
-                        recs = await self.batch(client, poller, system, convs, cell)
+                        recs, models = await self.batch(client, poller, system, convs, cell)
                         gaps = [g * 1000 for r in recs for g in r.gaps_s]
                         ttft = [f"{r.ttft_s * 1000:.0f}" for r in recs if r.ttft_s is not None]
                         errs = [r.error for r in recs if r.error]
                         log(f"[stream] {key} batch {b + 1}/{batches} {system:6s}: TTFT {','.join(ttft)} ms, "
                             f"gap max {max(gaps, default=0):.0f} ms, /v1/models max "
-                            f"{max(cell[system].models_ms[-50:], default=0):.0f} ms"
+                            f"{max(models, default=0):.0f} ms ({len(models)} polls)"
                             + (f", ERRORS {errs}" if errs else ""))
                         await asyncio.sleep(args.pause_s)
                 out["cells"][key] = {"prompt": spec["prompt"], "concurrency": conc, "batches": batches,

@@ -82,6 +82,8 @@ class SystemCell:
     client_cpu_s: float = 0.0
     idle_cpu_s: float = 0.0  # its processes' CPU while the other system's batches ran
     idle_s: float = 0.0
+    foreign_cpu_s: float = 0.0  # CPU of processes of neither system nor the client, in its batches
+    steal_s: float = 0.0
 
     def add_cpu(self, by_process: dict, by_kind: dict) -> None:
         for key, seconds in by_process.items():
@@ -115,6 +117,8 @@ def summarize(cell: SystemCell, expected_tokens: int) -> dict:
         "cpu_cores_busy": round(sum(cell.cpu_kind_s.values()) / cell.busy_s, 3) if cell.busy_s else None,
         "client_cpu_s_per_token": per_token(cell.client_cpu_s),
         "idle_cpu_cores_while_other_runs": round(cell.idle_cpu_s / cell.idle_s, 3) if cell.idle_s else None,
+        "foreign_cpu_cores": round(cell.foreign_cpu_s / cell.busy_s, 3) if cell.busy_s else None,
+        "steal_cores": round(cell.steal_s / cell.busy_s, 3) if cell.busy_s else None,
         "ttft_ms": [round(v, 1) for v in ttft],
         "gaps_ms": [round(v, 1) for v in gaps],
     }
@@ -166,8 +170,8 @@ def _fmt(v) -> str:
 
 def figures_table(result: dict) -> str:
     lines = ["| cell | system | prompt tok | TTFT p50 / p90 (ms) | token gap p50 / p99 / max (ms) | ITL p50 (ms) "
-             "| /v1/models p50 / p99 / max (ms) | CPU s/token | CPU cores busy | idle system's cores |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+             "| /v1/models p50 / p99 / max (ms) | CPU s/token | CPU cores busy | idle system's cores | others' cores |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for cell, info in result["cells"].items():
         for system in SYSTEMS:
             s = info.get(system)
@@ -178,7 +182,8 @@ def figures_table(result: dict) -> str:
                          f"{_fmt(tt.get('p90_ms'))} | {_fmt(g.get('p50_ms'))} / {_fmt(g.get('p99_ms'))} / "
                          f"{_fmt(g.get('max_ms'))} | {_fmt(s['itl'].get('p50_ms'))} | {_fmt(m.get('p50_ms'))} / "
                          f"{_fmt(m.get('p99_ms'))} / {_fmt(m.get('max_ms'))} | {_fmt(s['cpu_s_per_token']['total'])} "
-                         f"| {_fmt(s['cpu_cores_busy'])} | {_fmt(s['idle_cpu_cores_while_other_runs'])} |")
+                         f"| {_fmt(s['cpu_cores_busy'])} | {_fmt(s['idle_cpu_cores_while_other_runs'])} "
+                         f"| {_fmt(s.get('foreign_cpu_cores'))} |")
     return "\n".join(lines)
 
 
@@ -236,7 +241,8 @@ def plot(result: dict, path: Path) -> None:
     ax_ttft, ax_models, ax_cpu = axes[1][0], axes[1][1], axes[1][2]
     kinds = sorted({k for c in cells for s in SYSTEMS for k in result["cells"][c].get(s, {}).get("cpu_s_per_token", {})
                     if k != "total"})
-    kind_color = {k: plt.cm.tab20(n % 20) for n, k in enumerate(kinds)}
+    palette = [plt.cm.tab20(i) for i in (*range(0, 20, 2), *range(1, 20, 2))]  # neighbours differ
+    kind_color = {k: palette[n % 20] for n, k in enumerate(kinds)}
     labelled: set[str] = set()
     for i, system in enumerate(SYSTEMS):
         pos = [j + (i - 0.5) * width for j in x]

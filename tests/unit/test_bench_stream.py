@@ -216,3 +216,11 @@ def test_missing_figures_give_no_verdict():
 
 def test_parse_batches():
     assert parse_batches("1:6,4:3") == {1: 6, 4: 3}
+
+
+def test_machine_busy_counts_user_nice_system_and_irqs_not_idle_and_steal_apart():
+    from collections import namedtuple
+
+    T = namedtuple("T", "user nice system idle iowait irq softirq steal")
+    busy, steal = procs.machine_busy_s(T(10, 1, 5, 100, 2, 0.5, 0.5, 3), T(12, 1.5, 6, 130, 9, 0.5, 1.0, 4))
+    assert busy == pytest.approx(4.0) and steal == pytest.approx(1.0)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass
-from typing import Iterable, Mapping, Optional
+from typing import Callable, Iterable, Mapping, Optional
 
 import psutil
 
@@ -161,3 +161,39 @@ def machine_busy_s(before, after) -> tuple[float, float]:
         return t.user + t.nice + t.system + getattr(t, "irq", 0.0) + getattr(t, "softirq", 0.0)
 
     return max(0.0, busy(after) - busy(before)), max(0.0, getattr(after, "steal", 0.0) - getattr(before, "steal", 0.0))
+
+
+class Reaper:
+    """Remembers every process seen in a system's tree (pid + create time); at exit kills any
+    still alive, so a crashed or interrupted run leaves neither Ray nor an engine behind."""
+
+    def __init__(self):
+        self.seen: dict[int, float] = {}
+
+    def note(self, table: dict[int, ProcRecord], pids: set[int]) -> None:
+        for pid in pids:
+            self.seen[pid] = table[pid].create_time
+
+    def reap(self, progress: Callable[[str], None], sweep_children: bool = True) -> None:
+        """Kill what is left; `sweep_children`: also every descendant of this process (a
+        benchmark's own; never inside a test process, whose children are fixtures')."""
+        left = []
+        for pid, born in self.seen.items():
+            try:
+                proc = psutil.Process(pid)
+                if proc.create_time() == born and proc.status() != psutil.STATUS_ZOMBIE:
+                    left.append(proc)
+            except psutil.NoSuchProcess:
+                pass
+        if sweep_children:
+            left += [p for p in psutil.Process().children(recursive=True) if p not in left]
+        killed = []
+        for proc in left:
+            try:
+                kind = classify(" ".join(proc.cmdline()))
+                proc.kill()
+                killed.append(kind)
+            except psutil.NoSuchProcess:
+                pass
+        if killed:
+            progress(f"[stream] killed {len(killed)} leftover process(es): {', '.join(sorted(killed))}")

@@ -29,29 +29,23 @@ import json
 import os
 import platform
 import random
-import re
 import signal
-import subprocess
 import sys
-import threading
 import time
 from contextlib import ExitStack
 from pathlib import Path
-from typing import Callable, Optional
 
 import httpx
 import psutil
 
 from cluster.bench import procs
-from cluster.bench.engines import DirectEngines, DirectEngineSpec
+from cluster.bench.engines import ROOT, DirectEngines, DirectEngineSpec, TandemRun
 from cluster.bench.stats import tail_summary
 from cluster.bench.stream_report import (SYSTEMS, StreamRecord, SystemCell, cpu_table, figures_table, parse_sse,
                                          plot, summarize, targets, targets_table)
 
-ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_CONFIG = ROOT / "cluster" / "configs" / "local.yaml"
 DIRECT_PORT = 8100
-READY = re.compile(r"\[tandem\] ready in (\d+(?:\.\d+)?) s")
 
 
 def log(line: str) -> None:
@@ -92,102 +86,6 @@ def make_prompts(tokenizer_path: Path, targets_tokens: dict[str, int], n: int, s
             convs.append(msgs)
         out[name] = convs
     return out
-
-
-# ---------------------------------------------------------------- systems
-
-class TandemRun:
-    """`tandem run --config FILE` as a child process: started, awaited until its ready line,
-    stopped with SIGINT (its own clean shutdown), killed with its process group if that hangs."""
-
-    def __init__(self, config: Path, log_path: Path, progress: Callable[[str], None], ready_timeout_s: float = 600):
-        self.config, self.log_path, self.progress, self.ready_timeout_s = config, log_path, progress, ready_timeout_s
-        self.proc: Optional[subprocess.Popen] = None
-        self.ready = threading.Event()
-        self.ready_line_s: Optional[float] = None
-        self.spawn_to_ready_s: Optional[float] = None
-
-    def __enter__(self) -> "TandemRun":
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        t0 = time.monotonic()
-        self.progress(f"[stream] starting `tandem run --config {self.config}` (log: {self.log_path})")
-        self.proc = subprocess.Popen([sys.executable, "-u", "-m", "cluster.cli", "run", "--config", str(self.config)],
-                                     cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                     env=dict(os.environ, PYTHONUNBUFFERED="1"), start_new_session=True)
-        threading.Thread(target=self._pump, args=(t0,), daemon=True).start()
-        try:
-            deadline = t0 + self.ready_timeout_s
-            while not self.ready.wait(1):
-                if self.proc.poll() is not None:
-                    raise RuntimeError(f"tandem run exited with {self.proc.returncode} before ready; see {self.log_path}")
-                if time.monotonic() > deadline:
-                    raise TimeoutError(f"tandem not ready in {self.ready_timeout_s:.0f} s; see {self.log_path}")
-        except BaseException:
-            self.stop()
-            raise
-        return self
-
-    def _pump(self, t0: float) -> None:
-        with open(self.log_path, "w") as out:
-            for line in self.proc.stdout:
-                out.write(line)
-                out.flush()
-                if line.startswith("[tandem]") and not self.ready.is_set():
-                    self.progress("  " + line.rstrip())
-                match = READY.search(line)
-                if match and not self.ready.is_set():
-                    self.spawn_to_ready_s = round(time.monotonic() - t0, 1)
-                    self.ready_line_s = float(match.group(1))
-                    self.ready.set()
-
-    def __exit__(self, *exc) -> None:
-        self.stop()
-
-    def stop(self) -> None:
-        if self.proc is None or self.proc.poll() is not None:
-            return
-        self.progress("[stream] stopping tandem (SIGINT, as Ctrl-C)")
-        self.proc.send_signal(signal.SIGINT)
-        try:
-            self.proc.wait(120)
-        except subprocess.TimeoutExpired:
-            self.progress("[stream] tandem did not stop in 120 s: killing its process group")
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait(10)
-
-
-class Reaper:
-    """Remembers every process seen in a system's tree (pid + create time); at exit kills any
-    still alive, so a crashed or interrupted run leaves neither Ray nor an engine behind."""
-
-    def __init__(self):
-        self.seen: dict[int, float] = {}
-
-    def note(self, table: dict[int, procs.ProcRecord], pids: set[int]) -> None:
-        for pid in pids:
-            self.seen[pid] = table[pid].create_time
-
-    def reap(self, progress: Callable[[str], None]) -> None:
-        me = psutil.Process()
-        left = []
-        for pid, born in self.seen.items():
-            try:
-                proc = psutil.Process(pid)
-                if proc.create_time() == born and proc.status() != psutil.STATUS_ZOMBIE:
-                    left.append(proc)
-            except psutil.NoSuchProcess:
-                pass
-        left += [p for p in me.children(recursive=True) if p not in left]
-        killed = []
-        for proc in left:
-            try:
-                kind = procs.classify(" ".join(proc.cmdline()))
-                proc.kill()
-                killed.append(kind)
-            except psutil.NoSuchProcess:
-                pass
-        if killed:
-            progress(f"[stream] killed {len(killed)} leftover process(es): {', '.join(sorted(killed))}")
 
 
 # ---------------------------------------------------------------- measurement
@@ -234,7 +132,7 @@ async def poll_models(client: httpx.AsyncClient, url: str, stop: asyncio.Event, 
 
 
 class Bench:
-    def __init__(self, urls: dict[str, str], roots: dict[str, int], model: str, args, reaper: Reaper):
+    def __init__(self, urls: dict[str, str], roots: dict[str, int], model: str, args, reaper: procs.Reaper):
         self.urls, self.roots, self.model, self.args, self.reaper = urls, roots, model, args, reaper
         self.table = procs.snapshot()
 
@@ -416,7 +314,7 @@ def bench(args) -> dict:
                            "prompt_tokens_target": {"short": args.short_prompt, "long": args.long_prompt},
                            "max_tokens": args.max_tokens, "poll_interval_ms": args.poll_interval_ms,
                            "cells": cells, "warmup_per_system": args.warmup + 1}}
-    reaper = Reaper()
+    reaper = procs.Reaper()
     t_all = time.monotonic()
     try:
         with ExitStack() as stack:

@@ -224,3 +224,27 @@ def test_machine_busy_counts_user_nice_system_and_irqs_not_idle_and_steal_apart(
     T = namedtuple("T", "user nice system idle iowait irq softirq steal")
     busy, steal = procs.machine_busy_s(T(10, 1, 5, 100, 2, 0.5, 0.5, 3), T(12, 1.5, 6, 130, 9, 0.5, 1.0, 4))
     assert busy == pytest.approx(4.0) and steal == pytest.approx(1.0)
+
+
+def test_reaper_kills_what_it_saw_still_running_and_spares_a_reused_pid():
+    import subprocess
+    import sys
+
+    seen = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        now = procs.snapshot()
+        reaper = procs.Reaper()
+        reaper.note(now, {seen.pid})
+        reaper.seen[other.pid] = now[other.pid].create_time - 5  # the pid of a process long gone
+        said = []
+        reaper.reap(said.append, sweep_children=False)  # never sweep pytest's own children
+        assert seen.wait(10) == -9
+        assert other.poll() is None
+        assert said == [f"[stream] killed 1 leftover process(es): {procs.OTHER}"]
+        reaper.reap(said.append, sweep_children=False)  # nothing left: nothing said
+        assert len(said) == 1
+    finally:
+        for proc in (seen, other):
+            proc.kill()
+            proc.wait(10)

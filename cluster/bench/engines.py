@@ -1,4 +1,5 @@
-"""Plain vLLM OpenAI api_servers for side-by-side baselines, started as child processes.
+"""The systems benchmarks start as child processes: plain vLLM OpenAI api_servers for
+side-by-side baselines, and tandem itself as a user starts it (`tandem run`).
 
 Each server is pinned like a tandem engine: on CPU its OpenMP threads are bound to the
 given cores (VLLM_CPU_OMP_THREADS_BIND, with the EngineCore in its own process, which is
@@ -9,14 +10,20 @@ when vLLM applies the binding); on a GPU machine the same string selects GPUs in
 from __future__ import annotations
 
 import os
+import re
+import signal
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Optional
 
 import httpx
+
+ROOT = Path(__file__).resolve().parents[2]
+READY = re.compile(r"\[tandem\] ready in (\d+(?:\.\d+)?) s")
 
 
 @dataclass(frozen=True)
@@ -118,3 +125,63 @@ class DirectEngines:
                 proc.kill()
                 proc.wait(10)
         self.procs = []
+
+
+class TandemRun:
+    """`tandem run --config FILE` as a child process: started, awaited until its ready line,
+    stopped with SIGINT (its own clean shutdown), killed with its process group if that hangs."""
+
+    def __init__(self, config: Path, log_path: Path, progress: Callable[[str], None], ready_timeout_s: float = 600):
+        self.config, self.log_path, self.progress, self.ready_timeout_s = config, log_path, progress, ready_timeout_s
+        self.proc: Optional[subprocess.Popen] = None
+        self.ready = threading.Event()
+        self.ready_line_s: Optional[float] = None
+        self.spawn_to_ready_s: Optional[float] = None
+
+    def __enter__(self) -> "TandemRun":
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        t0 = time.monotonic()
+        self.progress(f"[stream] starting `tandem run --config {self.config}` (log: {self.log_path})")
+        self.proc = subprocess.Popen([sys.executable, "-u", "-m", "cluster.cli", "run", "--config", str(self.config)],
+                                     cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                     env=dict(os.environ, PYTHONUNBUFFERED="1"), start_new_session=True)
+        threading.Thread(target=self._pump, args=(t0,), daemon=True).start()
+        try:
+            deadline = t0 + self.ready_timeout_s
+            while not self.ready.wait(1):
+                if self.proc.poll() is not None:
+                    raise RuntimeError(f"tandem run exited with {self.proc.returncode} before ready; see {self.log_path}")
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"tandem not ready in {self.ready_timeout_s:.0f} s; see {self.log_path}")
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _pump(self, t0: float) -> None:
+        with open(self.log_path, "w") as out:
+            for line in self.proc.stdout:
+                out.write(line)
+                out.flush()
+                if line.startswith("[tandem]") and not self.ready.is_set():
+                    self.progress("  " + line.rstrip())
+                match = READY.search(line)
+                if match and not self.ready.is_set():
+                    self.spawn_to_ready_s = round(time.monotonic() - t0, 1)
+                    self.ready_line_s = float(match.group(1))
+                    self.ready.set()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def stop(self) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        self.progress("[stream] stopping tandem (SIGINT, as Ctrl-C)")
+        self.proc.send_signal(signal.SIGINT)
+        try:
+            self.proc.wait(120)
+        except subprocess.TimeoutExpired:
+            self.progress("[stream] tandem did not stop in 120 s: killing its process group")
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(10)

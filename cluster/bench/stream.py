@@ -359,7 +359,10 @@ def main() -> int:
     parser.add_argument("--warmup", type=int, default=3, help="short requests per system before measuring (+1 long)")
     parser.add_argument("--poll-interval-ms", type=float, default=100)
     parser.add_argument("--idle-s", type=float, default=5)
-    parser.add_argument("--pause-s", type=float, default=0.5, help="between batches")
+    # > 1 s: a vLLM engine keeps spinning for 1 s after its last step (shm_broadcast's
+    # busy_loop_s; tandem's engines do not, cluster/no_spin.py), so with a shorter pause the
+    # system just served burns a core during the other system's batch.
+    parser.add_argument("--pause-s", type=float, default=2.0, help="between batches")
     parser.add_argument("--request-timeout", type=float, default=120)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=ROOT / "runs" / "bench" / "stream.json")

@@ -12,7 +12,8 @@ Two straight lines per engine, each fitted online by weighted least squares over
 
 The prior is two pseudo-observations on a line measured on the 2-core test VM (cluster/bench/
 RESULTS.md: 128 / 1500-token prompts ~0.28 / ~3.0 s through tandem, an unloaded decode step
-~35-40 ms); it keeps the fit sane until data arrive, and is outweighed after a few observations.
+~35-40 ms); it keeps the fit sane until data arrive, is outweighed after a few observations
+and decays like them.
 
 Everything here is pure: `observe` returns a new frozen value.
 """
@@ -23,46 +24,49 @@ from dataclasses import dataclass, replace
 
 # Older observations count this much less per new one: ~20 observations' memory.
 DECAY = 0.95
-PRIOR_WEIGHT = 2.0  # the prior line counts as this many observations
+PRIOR_WEIGHT = 2.0  # the prior line counts as this many observations, decaying like them
 
 
 @dataclass(frozen=True)
 class LinearFit:
-    """y ≈ a + b·x by decayed weighted least squares, with a prior line as pseudo-points at
-    x = 0 and x = x_ref (each half the prior weight). a and b never go negative."""
+    """y ≈ a + b·x by decayed weighted least squares. It starts from a prior line, as
+    pseudo-observations at x = 0 and x = x_ref that decay like data, so data outweigh it after
+    a few observations and it is forgotten after a few dozen. a and b never go negative."""
 
-    prior_a: float
-    prior_b: float
-    x_ref: float  # where the prior's second pseudo-point sits: a typical x
+    prior_b: float  # the slope when the data span no range of x
     sw: float = 0.0
     sx: float = 0.0
     sy: float = 0.0
     sxx: float = 0.0
     sxy: float = 0.0
+    data_weight: float = 0.0  # the decayed weight of real observations
+
+    @classmethod
+    def prior(cls, a: float, b: float, x_ref: float, weight: float = PRIOR_WEIGHT) -> "LinearFit":
+        w = weight / 2
+        y_ref = a + b * x_ref
+        return cls(prior_b=b, sw=2 * w, sx=w * x_ref, sy=w * (a + y_ref), sxx=w * x_ref * x_ref,
+                   sxy=w * x_ref * y_ref)
 
     def observe(self, x: float, y: float, decay: float = DECAY) -> "LinearFit":
         if x < 0 or y < 0:
             return self
         return replace(self, sw=self.sw * decay + 1.0, sx=self.sx * decay + x, sy=self.sy * decay + y,
-                       sxx=self.sxx * decay + x * x, sxy=self.sxy * decay + x * y)
+                       sxx=self.sxx * decay + x * x, sxy=self.sxy * decay + x * y,
+                       data_weight=self.data_weight * decay + 1.0)
 
     @property
     def observations(self) -> float:
         """The decayed weight of the data (the prior not counted)."""
-        return self.sw
+        return self.data_weight
 
     def coefficients(self) -> tuple[float, float]:
-        w0 = PRIOR_WEIGHT / 2
-        x1, y1 = self.x_ref, self.prior_a + self.prior_b * self.x_ref
-        sw = self.sw + 2 * w0
-        sx = self.sx + w0 * x1
-        sy = self.sy + w0 * (self.prior_a + y1)
-        sxx = self.sxx + w0 * x1 * x1
-        sxy = self.sxy + w0 * x1 * y1
-        var = sxx - sx * sx / sw
-        b = (sxy - sx * sy / sw) / var if var > 1e-12 else self.prior_b
+        if self.sw <= 0:
+            return 0.0, self.prior_b
+        var = self.sxx - self.sx * self.sx / self.sw
+        b = (self.sxy - self.sx * self.sy / self.sw) / var if var > 1e-9 * max(self.sxx, 1.0) else self.prior_b
         b = max(b, 0.0)
-        a = max((sy - b * sx) / sw, 0.0)
+        a = max((self.sy - b * self.sx) / self.sw, 0.0)
         return a, b
 
     def predict(self, x: float) -> float:
@@ -71,9 +75,9 @@ class LinearFit:
 
 
 # Priors (seconds; see the module docstring). Prefill: 2 ms per prompt token, 90 ms of path.
-PREFILL_PRIOR = LinearFit(prior_a=0.09, prior_b=0.002, x_ref=1024)
+PREFILL_PRIOR = LinearFit.prior(a=0.09, b=0.002, x_ref=1024)
 # Decode step: 35 ms unloaded, +1 ms per running sequence.
-STEP_PRIOR = LinearFit(prior_a=0.035, prior_b=0.001, x_ref=8)
+STEP_PRIOR = LinearFit.prior(a=0.035, b=0.001, x_ref=8)
 
 
 @dataclass(frozen=True)

@@ -4,9 +4,9 @@ Two straight lines per engine, each fitted online by weighted least squares over
 (recent observations count most, so a model follows a changed machine or model):
 
 - prefill: seconds from handing a prompt to a prefill engine until its prefill returns, as
-  a + b·n, where n = the prompt tokens that engine must compute before this one is done (the
-  uncached tokens already queued there plus this prompt's own). b is the engine's cost per
-  prompt token; a is the hops, the scheduling and the first step.
+  a + b·n for n uncached prompt tokens, timed on hops that queued behind nothing; b is the
+  engine's cost per prompt token, a the hops, the scheduling and the first step. A queue of
+  q tokens ahead is predicted to add b·q (decider.py).
 - step: one decode step's seconds, as c + d·batch (running sequences), from the mean token
   gap each decode engine reports over its last routing-stats period.
 

@@ -12,7 +12,8 @@ Lifecycle and call order:
 3. `dispatch(decision.prefill / decision.decode, request_id)` as a context manager around
    each hop: pins the request to the chosen replica and counts it in flight. Around a
    prefill hop it also counts the prompt's uncached tokens as queued on that replica and
-   times the hop: one observation for that engine's prefill cost model.
+   times the hop: with nothing of this gateway's queued ahead of it, one observation for
+   that engine's prefill cost model.
 4. `close()` once: stops the subscribers and the index client.
 """
 
@@ -278,14 +279,17 @@ class KVRouter:
             _release(self._in_flight, worker.replica_id, 1)
             if tokens is not None:
                 _release(self._queued_tokens, worker.replica_id, tokens)
-        if tokens is not None:  # the hop returned (disagg.py catches its failures inside)
+        # A clean sample: the hop returned (disagg.py catches its failures inside) and queued
+        # behind none of this gateway's prompts (those ahead were partly computed already, so
+        # counting them whole would bias the fit's intercept towards 0).
+        if tokens is not None and ahead == 0:
             seconds = self._timer() - hop_started
             model = self._models.get(worker.worker_id, EngineCostModel())
             # A timed-out or failed hop (disagg.py catches those inside the hop) is not a
             # prefill time: one observation moves the model at most 3x from its prediction.
-            predicted = model.prefill_s(ahead + tokens)
+            predicted = model.prefill_s(tokens)
             seconds = min(max(seconds, predicted / OUTLIER_FACTOR), predicted * OUTLIER_FACTOR)
-            self._models[worker.worker_id] = model.observe_prefill(ahead + tokens, seconds)
+            self._models[worker.worker_id] = model.observe_prefill(tokens, seconds)
 
     def close(self) -> None:
         for sub in self._subscribers.values():

@@ -42,7 +42,7 @@ log = logging.getLogger(__name__)
 INDEX_TIMEOUT_S = 0.25
 SYNC_PERIOD_S = 0.5
 DEFAULT_OBJECTIVES = Objectives(ttft_s=1.0, itl_s=0.1)  # cluster/config.py SLOConfig's defaults
-DEFAULT_CHUNK_BUDGET = 2048  # about vLLM's max_num_batched_tokens default, when the config leaves it unset
+DEFAULT_CHUNK_BUDGET = 2048  # vLLM's max_num_batched_tokens when unset (chunked prefill on, its default)
 OUTLIER_FACTOR = 3.0
 MAX_PENDING = 10_000  # remote decisions whose prefill hop has not started (cancelled ones age out)
 

@@ -22,8 +22,9 @@ Rules, in order (the reason is the metric label):
    engine less than the remote path's fixed overhead (the prefill line's intercept): local
    ("short_uncached"): the hops cost more than the prompt.
 4. remote meets ttft_s: remote ("prefill_ok"): the decode engine stays free for its streams.
-5. remote misses ttft_s: local when the gap holds and local is faster ("prefill_queue");
-   else remote, "decode_gap_budget" when the gap is why, "overloaded" when local is slower too.
+5. remote misses ttft_s: local when the gap holds and local is faster ("prefill_queue" when
+   an idle prefill engine would have met it, else "local_faster"); else remote,
+   "decode_gap_budget" when the gap is why, "overloaded" when local is slower too.
 
 Pure: `decide` reads only its frozen inputs.
 """
@@ -134,5 +135,6 @@ def decide(policy: PDDecider, req: RequestView, prefill: PrefillView, decode: De
     if ttft_remote <= objectives.ttft_s:
         return out("remote", "prefill_ok")
     if gap_ok and ttft_local < ttft_remote:
-        return out("local", "prefill_queue")
+        idle_ok = predict_remote(req, prefill, queued=False) <= objectives.ttft_s
+        return out("local", "prefill_queue" if idle_ok else "local_faster")
     return out("remote", "decode_gap_budget" if not gap_ok else "overloaded")

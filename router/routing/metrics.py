@@ -13,7 +13,7 @@ DECISIONS = Counter(
 PD_DECISIONS = Counter(
     "tandem_pd_decisions",
     "The P/D decider's verdicts (router/routing/decider.py) by path (remote | local) and reason "
-    "(short_uncached, prefill_ok, prefill_queue, decode_gap_budget, overloaded, always, never).",
+    "(short_uncached, prefill_ok, prefill_queue, local_faster, decode_gap_budget, overloaded, always, never).",
     ["tier", "path", "reason"],
 )
 PREDICTED_HIT_TOKENS = Counter(

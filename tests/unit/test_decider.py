@@ -130,6 +130,14 @@ def test_local_prefill_that_would_stall_running_streams_stays_remote():
     assert (d.path, d.reason) == ("local", "prefill_queue") and d.gap_local_s <= SLO.itl_s
 
 
+def test_a_prompt_too_long_for_the_objective_even_when_idle_is_local_only_if_faster():
+    # 800 tokens miss 1 s remote even with an idle prefill engine (1.69 s); local on an idle
+    # decode engine is faster (no hops): "local_faster", not blamed on a queue.
+    d = decide(ADAPTIVE, RequestView(prompt_tokens=800), idle_prefill(), decode_with(budget=2048), SLO)
+    assert (d.path, d.reason) == ("local", "local_faster")
+    assert d.ttft_local_s < d.ttft_remote_s
+
+
 def test_overloaded_both_ways_stays_remote():
     # A 6000-token prompt misses 1 s either way; local is no faster: keep decode for its streams.
     d = decide(ADAPTIVE, RequestView(prompt_tokens=6000), idle_prefill(queued=100), decode_with(budget=64),

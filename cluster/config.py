@@ -292,8 +292,12 @@ class RoutingConfig(_Strict):
     # max_score: highest weighted score, random tie-break. round_robin / random ignore the
     # scores: baselines for benchmarks (router/routing/tenant_bench.py), not for production.
     picker: Literal["max_score", "round_robin", "random"] = "max_score"
-    # P/D decider: send a request straight to decode when the part of its prompt the decode
-    # engine has not cached is shorter than this many tokens. 0: always disaggregate.
+    # P/D decider (router/routing/decider.py), per request: adaptive = remote prefill or local
+    # (chunked on the decode engine) from both engines' live load and cost models against the
+    # tier's slo; always = remote prefill for every request; never = every prompt on decode.
+    disaggregation: Literal["adaptive", "always", "never"] = "adaptive"
+    # With adaptive or always: send a request straight to decode when the part of its prompt
+    # the decode engine has not cached is shorter than this many tokens. 0: off.
     decode_only_below_tokens: int = Field(0, ge=0)
     # Engines publish KV-cache events (vLLM kv_events_config, ZMQ) and the gateway follows
     # them; off: routing on load only.

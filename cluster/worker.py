@@ -136,13 +136,31 @@ class EngineReplica:
             "prompt_tokens_computed": self.engine.stats().prompt_tokens_computed,
         }
 
+    _itl_seen: tuple[float, float] = (0.0, 0.0)  # vLLM's token-gap (sum, count) at the last report
+
     def record_routing_stats(self) -> dict:
         """Ray Serve's hook (every request_routing_stats_period_s), delivered to the gateway's
-        request router: who this engine is, where its KV events are, how it hashes blocks.
-        KV usage is rounded so the stats (broadcast on change) change rarely."""
+        request router: who this engine is, where its KV events are, how it hashes blocks, and
+        the P/D decider's live state (router/routing/decider.py): a prefill engine's queued
+        prompt tokens; a decode engine's running sequences and, when it stepped since the last
+        report, its mean token gap (`step_s`, over `step_n` gaps) for the step cost model.
+        Values are rounded so the stats (broadcast on change) stay still while idle."""
         spec = self.engine.spec
+        engine_stats = self.engine.stats()
         stats = {"worker_id": spec.worker_id, **self.engine.cache_layout(),
-                 "kv_usage": round(self.engine.stats().kv_cache_usage, 1)}
+                 "kv_usage": round(engine_stats.kv_cache_usage, 1),
+                 "running_seqs": int(engine_stats.requests_running)}
+        if spec.kv_role == "kv_producer":
+            stats["queued_prompt_tokens"] = self.signals.queued_prompt_tokens
+        else:
+            values = _read_vllm_metrics()
+            itl = (values.get(("vllm:inter_token_latency_seconds_sum", None), 0.0),
+                   values.get(("vllm:inter_token_latency_seconds_count", None), 0.0))
+            gaps = itl[1] - self._itl_seen[1]
+            if gaps > 0:
+                stats["step_s"] = round((itl[0] - self._itl_seen[0]) / gaps, 3)
+                stats["step_n"] = int(gaps)
+            self._itl_seen = itl
         if spec.kv_events is not None:
             stats["kv_events"] = spec.kv_events.endpoint
             stats["kv_replay"] = spec.kv_events.replay_endpoint

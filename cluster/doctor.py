@@ -159,12 +159,18 @@ def gather() -> HostFacts:
 
 def plan(facts: HostFacts, dtype: str = "auto", buffer_device: str = "auto") -> Plan:
     """tandem's choices on this host, from the config's model.dtype and kv_transfer.buffer_device."""
-    from cluster.config import KVTransferConfig
-    from cluster.worker import engine_dtype
-    from kv_transfer.nixl import resolve_buffer_device
-
     on_gpu = bool(facts.gpus)
     problems = []
+    try:
+        from cluster.config import KVTransferConfig
+        from cluster.worker import engine_dtype
+        from kv_transfer.nixl import resolve_buffer_device
+
+        chosen_dtype = engine_dtype(dtype, on_gpu, facts.cpu_flags)
+        buffers = resolve_buffer_device(KVTransferConfig(buffer_device=buffer_device), on_gpu)
+    except ImportError as exc:  # tandem's own dependencies missing (e.g. a bare torch machine)
+        chosen_dtype = buffers = _UNKNOWN
+        problems.append(f"tandem's dependencies are not installed ({exc}): pip install . (or cluster/bootstrap.sh)")
     try:
         wanted = nixl_package(facts.torch_cuda)
     except ValueError as exc:
@@ -181,8 +187,8 @@ def plan(facts: HostFacts, dtype: str = "auto", buffer_device: str = "auto") -> 
     if facts.versions.get("ray") is None:
         problems.append("Ray is not installed")
     return Plan(
-        dtype=engine_dtype(dtype, on_gpu, facts.cpu_flags),
-        kv_buffer_device=resolve_buffer_device(KVTransferConfig(buffer_device=buffer_device), on_gpu),
+        dtype=chosen_dtype,
+        kv_buffer_device=buffers,
         nixl_package=wanted,
         problems=tuple(problems),
     )

@@ -49,7 +49,7 @@ def test_bootstrap_command_prints_the_wheel_and_fails_loudly():
 def test_bootstrap_installs_what_the_function_chose():
     script = (ROOT / "cluster" / "bootstrap.sh").read_text()
     assert 'python" -m cluster.doctor nixl-package --torch-cuda "$TORCH_CUDA"' in script
-    assert 'install "$NIXL_BACKEND==1.5.1"' in script
+    assert '"${PIP_INSTALL[@]}" "$NIXL_BACKEND==1.5.1"' in script
     assert "nixl-cu12==1.5.1" not in script  # no second, fixed choice
 
 
@@ -124,3 +124,20 @@ def test_gather_never_raises_on_this_host():
     facts = doctor.gather()
     assert isinstance(facts.versions, dict) and "ray" in facts.versions
     assert facts.nixl_backend is not None or facts.nixl_error
+
+
+def test_a_bare_torch_machine_gets_a_report_not_a_traceback(monkeypatch):
+    """The device machines have torch but not pydantic: plan() must still answer."""
+    import builtins
+
+    real_import = builtins.__import__
+
+    def no_pydantic(name, *args, **kwargs):
+        if name.startswith("cluster.config") or name.startswith("cluster.worker"):
+            raise ImportError(f"No module named {name!r} (simulated)")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_pydantic)
+    chosen = plan(_facts(torch_cuda="13.0", gpus=("NVIDIA H200",), nixl_backend="nixl_cu13"))
+    assert (chosen.dtype, chosen.kv_buffer_device, chosen.nixl_package) == ("unknown", "unknown", "nixl-cu13")
+    assert any("tandem's dependencies are not installed" in p for p in chosen.problems)

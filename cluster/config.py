@@ -67,7 +67,6 @@ class _Strict(BaseModel):
 class ModelConfig(_Strict):
     path: Path = Field(description="Local checkpoint folder (safetensors + tokenizer), or a Hugging Face Hub id "
                                    "(org/name) downloaded into HF_HOME at start (HF_HUB_OFFLINE: from the cache only).")
-    revision: Optional[str] = Field(None, description="Hub branch, tag or commit when path is a Hub id; None: main.")
     name: Optional[str] = Field(None, description="Model id served on /v1/models; the Hub id or the folder name if unset.")
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
         "auto", description="auto: the checkpoint's dtype on GPUs; on CPUs bfloat16 where the CPU has native bf16 "

@@ -43,11 +43,11 @@ def resolve_model_path(model: ModelConfig, download: Optional[Callable[..., str]
         from huggingface_hub import snapshot_download as download
     offline = hub_offline()
     try:
-        folder = download(repo_id=repo_id, revision=model.revision, cache_dir=hub_cache_dir(),
-                          local_files_only=offline)
+        # Its main revision, as vLLM and transformers resolve an id (the Helm chart lets them).
+        folder = download(repo_id=repo_id, cache_dir=hub_cache_dir(), local_files_only=offline)
     except Exception as exc:  # huggingface_hub's errors differ by cause; all mean "not here"
         where = f"{hub_cache_dir()} (HF_HUB_OFFLINE is set: the cache only)" if offline else "the Hub"
-        raise ModelNotFound(f"model.path {repo_id!r}{f' @ {model.revision}' if model.revision else ''}: "
+        raise ModelNotFound(f"model.path {repo_id!r}: "
                             f"not found in {where}: {type(exc).__name__}: {exc}") from None
     return Path(folder)
 

@@ -63,16 +63,6 @@ def test_offline_resolves_from_the_cache(offline_home):
     assert local.model.served_name == REPO_ID  # the id stays the served name, as in vLLM
 
 
-def test_a_revision_resolves_through_its_ref(offline_home):
-    lay_out_cache(offline_home)
-    other = offline_home / "hub" / f"models--{REPO_ID.replace('/', '--')}" / "snapshots" / ("b" * 40)
-    other.mkdir()
-    (other / "config.json").write_text("{}")
-    (other.parent.parent / "refs" / "v2").write_text("b" * 40)
-    cfg = ClusterConfig.model_validate({"model": {"path": REPO_ID, "revision": "v2"}})
-    assert resolve_model_path(cfg.model) == other
-
-
 def test_offline_and_not_cached_is_a_clear_error(offline_home):
     cfg = ClusterConfig.model_validate({"model": {"path": "nobody/nothing"}})
     with pytest.raises(ModelNotFound, match=r"'nobody/nothing': not found in .*hf/hub \(HF_HUB_OFFLINE is set"):
@@ -89,9 +79,9 @@ def test_online_asks_snapshot_download_for_the_id(tmp_path, monkeypatch):
         calls.append(kwargs)
         return str(tmp_path / "snap")
 
-    cfg = ClusterConfig.model_validate({"model": {"path": REPO_ID, "revision": "main"}})
+    cfg = ClusterConfig.model_validate({"model": {"path": REPO_ID}})
     assert resolve_model_path(cfg.model, download) == tmp_path / "snap"
-    assert calls == [{"repo_id": REPO_ID, "revision": "main", "cache_dir": tmp_path / "hf" / "hub",
+    assert calls == [{"repo_id": REPO_ID, "cache_dir": tmp_path / "hf" / "hub",
                       "local_files_only": False}]
 
 

@@ -85,7 +85,7 @@ def test_values_validate_against_schema(chart, preset):
     ({"workers": {"defaults": {"gpus": -1}}}, "/workers/defaults/gpus"),
     ({"redis": {"bultin": True}}, "bultin"),
     ({"workers": {"pools": {"interactive-prefil": {"nodes": 1}}}}, "interactive-prefil"),
-    ({"cluster": {"model": {"path": "relative/path"}}}, "/cluster/model/path"),
+    ({"cluster": {"model": {"path": "models/relative/path"}}}, "/cluster/model/path"),
 ])
 def test_schema_rejects_bad_values(chart, values, where):
     with pytest.raises(helm.HelmValuesError, match=where):

@@ -158,11 +158,19 @@ the KV transfer extras.
 {{- if .Values.model.prepare }}
 initContainers:
   - name: prepare-model
-    image: "{{ .Values.image.repository }}:{{ .Values.image.tag }}"
+    image: {{ include "tandem.image" . }}
     imagePullPolicy: {{ .Values.image.pullPolicy }}
     command: ["tandem", "prepare-model", "--dest", {{ .Values.cluster.model.path | quote }}]
     volumeMounts:
       - name: models
         mountPath: /models
 {{- end }}
+{{- end -}}
+
+{{/*
+The image of every Ray pod: image.repository, tagged image.tag or else the chart's appVersion
+(deploy/docker builds ghcr.io/tandem/tandem:<appVersion> for GPUs and tandem-cpu for CPUs).
+*/}}
+{{- define "tandem.image" -}}
+{{- printf "%s:%s" .Values.image.repository (.Values.image.tag | default .Chart.AppVersion) -}}
 {{- end -}}

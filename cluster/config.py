@@ -215,6 +215,25 @@ class GatewayConfig(_Strict):
     host: str = "127.0.0.1"
     port: int = Field(8000, ge=1, le=65535)
     max_body_bytes: int = Field(4 * MiB, ge=1024)
+    body_read_timeout_s: float = Field(10.0, gt=0, description="A request body not received within this is a 408: "
+                                                               "a slow sender must not hold a gateway slot.")
+    health_interval_s: float = Field(1.0, ge=0, description="/health probes the engines at most once per interval, "
+                                                            "whatever the call rate (/livez probes nothing).")
+    decode_first_token_timeout_s: float = Field(
+        120.0, gt=0, description="A decode hop with no first token within this is refused (429) instead of "
+                                 "holding its admission place: no decode capacity, or a stuck replica.")
+    allowed_hosts: Optional[tuple[str, ...]] = Field(
+        None, description="Host header values the gateway answers (421 otherwise; against DNS rebinding): names or "
+                          "name:port; \"*\": any. None: the gateway host and the loopback names (any port), or no "
+                          "check when host is 0.0.0.0 (then list the names clients use).")
+
+    def resolved_allowed_hosts(self) -> Optional[tuple[str, ...]]:
+        """The allow-list to enforce; None: no Host check."""
+        from router.openai.hosts import default_allowed_hosts
+
+        if self.allowed_hosts is not None:
+            return self.allowed_hosts
+        return default_allowed_hosts(self.host)
 
 
 class RedisTLSConfig(_Strict):

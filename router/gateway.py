@@ -32,6 +32,7 @@ class Gateway:
             default_tier=cfg.default_tier,
             prefill_timeout_s=cfg.kv_transfer.prefill_timeout_s,
             router=build_kv_router(cfg),
+            decode_first_token_timeout_s=cfg.gateway.decode_first_token_timeout_s,
         )
         # The model's vLLM tool parser (model.tool_parser); an unknown name fails the start here.
         self.tool_calling = ToolCalling.from_config(cfg, tokenizer.hf)
@@ -52,7 +53,10 @@ class Gateway:
         # No /metrics here: metrics are Ray metrics, on each Ray node's metrics port, never
         # on the public API port (cluster/metrics.py).
         app = build_openai_app(
-            self.measured, max_body_bytes=self.cfg.gateway.max_body_bytes, authenticate=self.auth.tier_of,
+            self.measured, max_body_bytes=self.cfg.gateway.max_body_bytes,
+            body_read_timeout_s=self.cfg.gateway.body_read_timeout_s,
+            health_interval_s=self.cfg.gateway.health_interval_s,
+            allowed_hosts=self.cfg.gateway.resolved_allowed_hosts(), authenticate=self.auth.tier_of,
             rate_limit=self.rate_limits.hook(self.auth.tenant_of) if self.rate_limits.active else None,
             tool_calling=self.tool_calling,
         )

@@ -11,6 +11,8 @@ Failure policy, in order of what can go wrong:
   itself ("fallback_recompute", counted by reason). Latency, not a lost request.
 - the KV pull fails inside decode → vLLM's kv_load_failure_policy=recompute handles it.
 - the decode hop fails before the first token → retried once on the decode pool.
+- the decode hop yields no first token within decode_first_token_timeout_s, or Serve's queue
+  for the decode pool is full → 429 (the request gives its admission place back at once).
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from typing import Any, AsyncIterator, Optional
 from cluster.metrics import Counter, Histogram
 from cluster.protocol import EngineRequest, InvalidEngineRequest, TierPools, TokenChunk
 from kv_transfer.handoff import Handoff, HandoffMismatch
-from router.openai.errors import bad_request
+from router.openai.errors import bad_request, too_many_requests
 from router.routing.types import Pick, RouteDecision
 
 log = logging.getLogger(__name__)
@@ -48,7 +50,39 @@ DECODE_FIRST_TOKEN_SECONDS = Histogram(
     ["tier", "path"],
 )
 
+DECODE_REFUSED = Counter(
+    "tandem_decode_refused",
+    "Decode hops refused with a 429: no first token within the deadline, or Serve's queue full.",
+    ["tier", "reason"],
+)
+
 HEALTH_TIMEOUT_S = 5.0
+ABORT_TIMEOUT_S = 5.0  # an abort that does not answer in this is given up (the engine frees it on finish)
+
+
+class _NoFirstToken(Exception):
+    """The decode hop yielded no first token within its deadline."""
+
+
+async def _first_token_within(stream: Any, timeout_s: float) -> AsyncIterator[TokenChunk]:
+    """The stream, with a deadline on its first chunk only (later gaps are the engine's pace)."""
+    it = stream.__aiter__()
+    try:
+        first = await asyncio.wait_for(it.__anext__(), timeout_s)
+    except StopAsyncIteration:
+        return
+    except asyncio.TimeoutError:
+        raise _NoFirstToken() from None
+    yield first
+    async for chunk in it:
+        yield chunk
+
+
+def _is_backpressure(exc: BaseException) -> bool:
+    """Serve refused the call: the deployment's max_queued_requests is reached."""
+    from ray.serve.exceptions import BackPressureError
+
+    return isinstance(exc, BackPressureError) or isinstance(getattr(exc, "cause", None), BackPressureError)
 
 
 @dataclass(frozen=True)
@@ -64,13 +98,15 @@ class DisaggregatedBackend:
     """Implements router.openai's OpenAIBackend over Ray Serve handles to the two pools."""
 
     def __init__(self, *, model_id: str, max_model_len: int, tokenizer: Any, pools: dict[str, TierPools],
-                 default_tier: str, prefill_timeout_s: float, router: Any = None):
+                 default_tier: str, prefill_timeout_s: float, router: Any = None,
+                 decode_first_token_timeout_s: float = 120.0):
         self.model_id = model_id
         self.max_model_len = max_model_len
         self.tokenizer = tokenizer
         self._pools = pools
         self._default_tier = default_tier
         self._prefill_timeout_s = prefill_timeout_s
+        self._decode_first_token_timeout_s = decode_first_token_timeout_s
         self._router = router  # a KVRouter, or None: Serve's own replica choice
         # request_id → pool → the hop in flight; `abort` sends each abort where its hop went.
         self._hops: dict[str, dict[str, _Hop]] = {}
@@ -156,7 +192,7 @@ class DisaggregatedBackend:
             try:
                 with self._dispatch(routed, "decode", request):
                     stream = pools.decode.options(stream=True).generate.remote(request, handoff)
-                    async for chunk in stream:
+                    async for chunk in _first_token_within(stream, self._decode_first_token_timeout_s):
                         if not started:
                             started = True
                             DECODE_FIRST_TOKEN_SECONDS.labels(tier=tier, path=path).observe(
@@ -167,10 +203,18 @@ class DisaggregatedBackend:
                 if stream is not None:  # cancelled before the decode call was made: nothing to cancel
                     stream.cancel()
                 raise
+            except _NoFirstToken:
+                stream.cancel()
+                DECODE_REFUSED.labels(tier=tier, reason="no_first_token").inc()
+                raise too_many_requests(f"No decode replica produced a first token within "
+                                        f"{self._decode_first_token_timeout_s:g} s; retry later.") from None
             except InvalidEngineRequest as exc:  # the same request would fail again: a 400
                 cause = getattr(exc, "cause", exc)  # Ray wraps it; the cause holds the plain message
                 raise bad_request(f"The engine refused the request: {cause}") from None
-            except Exception:
+            except Exception as exc:
+                if not started and _is_backpressure(exc):
+                    DECODE_REFUSED.labels(tier=tier, reason="queue_full").inc()
+                    raise too_many_requests("The decode pool's queue is full; retry later.") from None
                 if started or attempt == 2:
                     raise
                 DECODE_RETRIES.labels(tier=tier).inc()
@@ -186,8 +230,12 @@ class DisaggregatedBackend:
     async def _abort_hop(self, hop: _Hop, request_id: str) -> None:
         # Pinned like the hop itself: with several replicas in a pool, Serve's own pick would
         # often land on a replica that does not hold the request (abort of an unknown id: no-op).
+        # Timed: an abort goes to a replica that may be the stuck one; nobody waits on it for long.
         with self._pinned(hop.pick, request_id):
-            await hop.handle.abort.remote(request_id)
+            try:
+                await asyncio.wait_for(hop.handle.abort.remote(request_id), ABORT_TIMEOUT_S)
+            except asyncio.TimeoutError:
+                log.warning("request %s: abort got no answer within %.0f s", request_id, ABORT_TIMEOUT_S)
 
     def _abort_later(self, request_id: str, pool: str) -> None:
         hop = self._hops.get(request_id, {}).get(pool)

@@ -194,7 +194,8 @@ class FakeServePool:
     to the replica pinned for its request id in the PoolDirectory, else to Serve's own pick
     (here: the replicas in turn). Every call is recorded as (method, request_id, replica).
     `prefill.remote` answers a handoff (or hangs with `hang_prefill`); the decode stream
-    yields one token every 10 ms until cancelled, or raises `refuse` (an exception) first.
+    yields one token every 10 ms until cancelled, or raises `refuse` (an exception) first;
+    with `hang_decode` it yields nothing (no capacity), with `hang_abort` aborts never answer.
     """
 
     def __init__(self, directory: Any, replica_ids: Sequence[str], hang_prefill: bool = False) -> None:
@@ -206,6 +207,8 @@ class FakeServePool:
         directory.set_replicas([ReplicaInfo(r, 8) for r in self.replica_ids])
         self.calls: list[tuple[str, str, str]] = []
         self.refuse: Optional[BaseException] = None
+        self.hang_decode = False
+        self.hang_abort = False
         self._turn = 0
         self.prefill = _FakeMethod(self, "prefill")
         self.abort = _FakeMethod(self, "abort")
@@ -235,13 +238,15 @@ class _FakeMethod:
         request_id = args[0] if isinstance(args[0], str) else args[0].request_id
         self.pool.route(self.name, request_id)
         if self.name == "generate":
-            return _FakeStream(self.pool.refuse)
+            return _FakeStream(self.pool.refuse, self.pool.hang_decode)
         return self._answer(request_id)
 
     async def _answer(self, request_id: str) -> Any:
         from cluster.protocol import PrefillResult
 
         if self.name == "abort":
+            if self.pool.hang_abort:
+                await asyncio.Event().wait()
             return None
         if self.pool.hang_prefill:
             await asyncio.Event().wait()
@@ -249,9 +254,10 @@ class _FakeMethod:
 
 
 class _FakeStream:
-    def __init__(self, refuse: Optional[BaseException] = None) -> None:
+    def __init__(self, refuse: Optional[BaseException] = None, hang: bool = False) -> None:
         self.cancelled = False
         self.refuse = refuse
+        self.hang = hang
 
     def cancel(self) -> None:
         self.cancelled = True
@@ -261,6 +267,8 @@ class _FakeStream:
 
     async def __anext__(self) -> TokenChunk:
         await asyncio.sleep(0.01)
+        if self.hang:
+            await asyncio.Event().wait()
         if self.refuse is not None:
             raise self.refuse
         if self.cancelled:

@@ -145,7 +145,10 @@ class FakeKVEventPublisher:
         self._thread.start()
 
     def publish(self, events: list[dict], drop: bool = False) -> int:
-        payload = self._encode([0.0, events, None])
+        return self.publish_payload(self._encode([0.0, events, None]), drop)
+
+    def publish_payload(self, payload: bytes, drop: bool = False) -> int:
+        """Any payload, well-formed or not, sent and buffered like a batch."""
         with self._lock:
             seq = self._seq
             self._seq += 1
@@ -153,6 +156,11 @@ class FakeKVEventPublisher:
             if not drop:
                 self._pub.send_multipart((b"", seq.to_bytes(8, "big"), payload))
         return seq
+
+    def send_raw(self, frames: list[bytes]) -> None:
+        """A message on the wire that is not (topic, seq, payload) at all; not buffered."""
+        with self._lock:
+            self._pub.send_multipart(frames)
 
     def forget(self) -> None:
         with self._lock:

@@ -97,6 +97,11 @@ class KVRouter:
                 if endpoint and info.stats.get("worker_id"):
                     live[info.stats["worker_id"]] = (endpoint, info.stats.get("kv_replay"))
         for worker_id, (endpoint, replay) in live.items():
+            old = self._subscribers.get(worker_id)
+            if old is not None and old.crashed:  # its thread died: follow the worker anew
+                log.warning("KV event subscriber of %s had stopped; restarting it", worker_id)
+                metrics.KV_EVENTS.labels(kind="restarted").inc()
+                del self._subscribers[worker_id]
             if worker_id not in self._subscribers:
                 sub = KVEventSubscriber(worker_id, endpoint, replay, self._index,
                                         on_event=lambda kind: metrics.KV_EVENTS.labels(kind=kind).inc())

@@ -69,6 +69,9 @@ class PrefillResult:
     kv_transfer_params: dict[str, Any]
     worker_id: str
     num_prompt_tokens: int
+    # When the prefill engine's lease on the blocks ends (wall clock, minus a margin; see
+    # kv_transfer/handoff.py); None: unknown.
+    lease_deadline: Optional[float] = None
 
 
 @dataclass(frozen=True)

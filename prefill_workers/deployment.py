@@ -3,12 +3,15 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 from ray import serve
 
 from cluster.config import ClusterConfig
 from cluster.engine import VLLMEngine
 from cluster.protocol import EngineRequest, PrefillResult
 from cluster.worker import EngineReplica, build_engine_spec
+from kv_transfer.handoff import lease_deadline
 
 
 @serve.deployment(name="PrefillWorker")
@@ -19,4 +22,6 @@ class PrefillWorker(EngineReplica):
 
     async def prefill(self, request: EngineRequest) -> PrefillResult:
         with self.signals.pending_prompt(len(request.prompt_token_ids)):  # autoscaling signal
-            return await self.engine.prefill(request)
+            result = await self.engine.prefill(request)
+        # The engine's lease on the blocks started as the prefill finished: stamp it now.
+        return dataclasses.replace(result, lease_deadline=lease_deadline())

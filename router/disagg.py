@@ -122,7 +122,8 @@ class DisaggregatedBackend:
         started = time.perf_counter()
         try:
             result = await asyncio.wait_for(prefill.prefill.remote(request), timeout=self._prefill_timeout_s)
-            handoff = Handoff.from_prefill(self.model_id, result.kv_transfer_params)
+            handoff = Handoff.from_prefill(self.model_id, result.kv_transfer_params,
+                                           getattr(result, "lease_deadline", None))
         except asyncio.TimeoutError:
             reason = "prefill_timeout"
             self._abort_later(request.request_id, "prefill")

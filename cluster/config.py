@@ -379,11 +379,19 @@ class AuthConfig(_Strict):
     tenants: dict[str, TenantConfig] = {}
     keys: tuple[ApiKeySource, ...] = ()
     tier_header: str = "X-Tandem-Tier"
+    prefix_cache: Optional[Literal["isolate", "share"]] = Field(
+        None, description="isolate: each tenant's prompts get their own prefix-cache salt (vLLM cache_salt), so "
+                          "no tenant can tell from timing whether another sent a prompt; share: one cache for all. "
+                          "None: isolate when API keys are configured, share when the API is open.")
     rate_limit_store: Literal["memory", "redis"] = Field(
         "memory", description="Where the tenants' rate-limit buckets live. memory: each gateway replica its own "
                               "(N replicas allow up to N times the limits). redis: one set shared by every replica, "
                               "in routing.index's Redis (its URL, credentials and TLS); while Redis is unreachable, "
                               "each replica limits on its own.")
+
+
+    def isolates_prefix_cache(self) -> bool:
+        return self.prefix_cache == "isolate" or (self.prefix_cache is None and bool(self.keys))
 
 
 class RayConfig(_Strict):

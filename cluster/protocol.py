@@ -59,6 +59,9 @@ class EngineRequest:
     prompt_token_ids: tuple[int, ...]
     sampling: SamplingSettings
     tier: Optional[str] = None  # None: the cluster's default tier
+    # vLLM's prefix-cache salt (its tenant's, auth.prefix_cache isolate): prompts of different
+    # salts never share cached blocks. Both hops pass it, so both engines hash alike.
+    cache_salt: Optional[str] = None
 
 
 @dataclass(frozen=True)

@@ -57,6 +57,8 @@ class Gateway:
             body_read_timeout_s=self.cfg.gateway.body_read_timeout_s,
             health_interval_s=self.cfg.gateway.health_interval_s,
             allowed_hosts=self.cfg.gateway.resolved_allowed_hosts(), authenticate=self.auth.tier_of,
+            # Per-tenant prefix caches (auth.prefix_cache): a salt per tenant, in both hops and the router.
+            cache_salt=self.auth.cache_salt_of if self.cfg.auth.isolates_prefix_cache() else None,
             rate_limit=self.rate_limits.hook(self.auth.tenant_of) if self.rate_limits.active else None,
             tool_calling=self.tool_calling,
         )

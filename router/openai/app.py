@@ -166,11 +166,13 @@ def build_openai_app(
     rate_limit: Optional[RateLimit] = None,
     tool_calling: Optional[ToolCalling] = None,
     allowed_hosts: Optional[Sequence[str]] = None,
+    cache_salt: Optional[Callable[[Mapping[str, str]], Optional[str]]] = None,
 ) -> FastAPI:
     """The OpenAI-compatible app for one backend. No globals: build as many as you like.
     `tool_calling` (the model's vLLM tool parser) serves `tools`; without it they get a 400.
     /health probes the backend at most once per `health_interval_s`. `allowed_hosts`: the
-    Host header values answered (router/openai/hosts.py); None: no Host check."""
+    Host header values answered (router/openai/hosts.py); None: no Host check. `cache_salt`:
+    request headers → the request's prefix-cache salt (its tenant's; router/auth.py)."""
     tools = tool_calling or ToolCalling(None, None)
     app = FastAPI(title="tandem OpenAI edge", docs_url=None, redoc_url=None, openapi_url="/openapi.json")
     app.add_middleware(RequestIdMiddleware)
@@ -286,7 +288,8 @@ def build_openai_app(
         if rate_limit is not None:
             await rate_limit(request.headers, len(prompt_ids) + sampling.max_tokens)
         engine_id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
-        engine_request = EngineRequest(engine_id, tuple(prompt_ids), sampling, tier=tier)
+        salt = cache_salt(request.headers) if cache_salt is not None else None
+        engine_request = EngineRequest(engine_id, tuple(prompt_ids), sampling, tier=tier, cache_salt=salt)
         logger.debug("request %s -> %s, %d prompt tokens", edge_id, engine_id, len(prompt_ids))
         ctx = ResponseContext(
             id=engine_id,

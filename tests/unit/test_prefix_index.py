@@ -152,6 +152,7 @@ def test_a_malformed_message_rebuilds_the_entries_from_the_replay(stream, frames
     pub, index, kinds = stream
     pub.publish([stored(1)])
     wait_for(lambda: index.match([1]) == {"w": 1})
+    kinds.clear()  # joining the stream may have had a gap of its own
     pub.publish([stored(2)], drop=True)  # lost on the wire, in the buffer
     pub.send_raw(frames)
     wait_for(lambda: index.match([1, 2]) == {"w": 2})  # the rebuild replayed the buffer

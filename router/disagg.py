@@ -56,6 +56,12 @@ DECODE_REFUSED = Counter(
     ["tier", "reason"],
 )
 
+HEALTH_PROBES = Counter(
+    "tandem_health_probes",
+    "Readiness probes of every pool (each asks every engine for its stats); /health answers from a cache "
+    "refreshed at most once per gateway.health_interval_s.",
+)
+
 HEALTH_TIMEOUT_S = 5.0
 ABORT_TIMEOUT_S = 5.0  # an abort that does not answer in this is given up (the engine frees it on finish)
 
@@ -248,6 +254,7 @@ class DisaggregatedBackend:
 
     async def health(self) -> dict[str, Any]:
         """Ready only when every pool of every tier answers."""
+        HEALTH_PROBES.inc()
 
         async def probe(handle) -> bool:
             try:

@@ -61,6 +61,7 @@ def declare_series(tiers: Sequence[str]) -> None:
             admission.REJECTED.labels(tier=tier, reason=reason).inc(0)
         routing.PROMPT_TOKENS.labels(tier=tier).inc(0)
     routing.INDEX_ERRORS.inc(0)
+    disagg.HEALTH_PROBES.inc(0)
     for kind in ("batch", "gap", "replayed", "reset", "index_down", "malformed", "rebuild",
                  "restarted"):  # router/kv_events.py, router/routing/service.py
         routing.KV_EVENTS.labels(kind=kind).inc(0)

@@ -189,6 +189,15 @@ def test_a_health_flood_leaves_a_stream_working(base_url):
           f"{probes:g} engine probes in {elapsed:.1f} s; stream token gap p50 "
           f"{statistics.median(base_gaps) * 1000:.1f} ms -> {statistics.median(flood_gaps) * 1000:.1f} ms "
           f"(x{p50:.2f}), p90 x{p90:.2f}, mean x{mean:.2f}")
+    # What the HTTP path itself takes here (Serve's proxy → the gateway replica, no engine):
+    # /livez at the same concurrency, for comparison with the /health rate.
+    livez = [ctx.Process(target=_flood, args=(f"{base_url}/livez", 3.0, out)) for _ in range(2)]
+    for p in livez:
+        p.start()
+    livez_done = sum(out.get(timeout=60)[0] for _ in livez)
+    for p in livez:
+        p.join(timeout=30)
+    print(f"/livez at the same concurrency: {livez_done / 3.0:.0f} calls/s")
     assert flood_text == base_text  # greedy: the same answer, not cut off
     assert errors == 0
     assert probes <= elapsed + 3  # one probe per interval at most, whatever the call rate

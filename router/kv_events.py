@@ -114,7 +114,7 @@ class KVEventSubscriber:
                 try:
                     seq, payload = parse_frames(frames)
                 except MalformedFrame as exc:
-                    self._malformed(None, exc)
+                    self._malformed(exc)
                     continue
                 self._handle(seq, payload)
         except Exception:  # never let one bad stream kill the gateway; the KVRouter restarts us
@@ -123,6 +123,11 @@ class KVEventSubscriber:
             sub.close()
 
     def _handle(self, seq: int, payload: bytes) -> None:
+        try:
+            events = decode_batch(self.worker, payload)
+        except MalformedFrame as exc:
+            self._malformed(exc)  # and its seq is not to be trusted either: no gap logic on it
+            return
         if self._next_seq is None:  # joined the stream: start clean, fetch what came before
             self._reset()
             self._next_seq = 0
@@ -134,27 +139,23 @@ class KVEventSubscriber:
             self._next_seq = seq
         if seq < self._next_seq:
             return  # already applied (replay overlap)
-        try:
-            events = decode_batch(self.worker, payload)
-        except MalformedFrame as exc:
-            self._malformed(seq, exc)
-            return
         self._apply(events)
         self._next_seq = seq + 1
 
-    def _malformed(self, seq: Optional[int], exc: Exception) -> None:
-        log.warning("KV events of %s: malformed frame (seq %s: %s); rebuilding its entries", self.worker, seq, exc)
+    def _malformed(self, exc: Exception) -> None:
+        log.warning("KV events of %s: malformed frame (%s); rebuilding its entries", self.worker, exc)
         self._on_event("malformed")
-        self._rebuild(None if seq is None else seq + 1)
+        self._rebuild()
 
-    def _rebuild(self, until: Optional[int]) -> None:
+    def _rebuild(self) -> None:
         """The worker's entries missed a batch: drop them and apply what the publisher still
-        buffers (before `until`). Sound: a block stored and not removed within the buffer's
-        window is cached; blocks stored before it are missed, which costs hits, never gives a
-        false one. A malformed batch in the buffer starts the entries over after it."""
+        buffers, which also says where the stream is (the bad frame's seq is not trusted).
+        Sound: a block stored and not removed within the buffer's window is cached; blocks
+        stored before it are missed, which costs hits, never gives a false one. A malformed
+        batch in the buffer starts the entries over after it."""
         self._on_event("rebuild")
         self._reset()
-        batches = [b for b in self._fetch(0) or [] if until is None or b[0] < until]
+        batches = self._fetch(0) or []
         for _seq, payload in batches:
             try:
                 events = decode_batch(self.worker, payload)
@@ -163,10 +164,8 @@ class KVEventSubscriber:
                 self._reset()
                 continue
             self._apply(events)
-        if until is not None:
-            self._next_seq = until
-        else:  # the bad frame's seq is unknown: carry on after the buffer, or rejoin at the next batch
-            self._next_seq = batches[-1][0] + 1 if batches else None
+        # Carry on after the buffer; with nothing buffered (or no answer), rejoin at the next batch.
+        self._next_seq = batches[-1][0] + 1 if batches else None
 
     def _fetch(self, start: int) -> Optional[list[tuple[int, bytes]]]:
         """The publisher's buffered batches from `start` on, in order; None when it does not

@@ -147,7 +147,8 @@ def test_a_malformed_payload_is_counted_skipped_and_the_entries_rebuilt(stream):
     assert index.match([3]) == {}  # the subscriber carries on in order after the bad frame
 
 
-@pytest.mark.parametrize("frames", [[b"only-one-part"], [b"", b"short", b"x"], [b"", (5).to_bytes(8, "big")]])
+@pytest.mark.parametrize("frames", [[b"only-one-part"], [b"", b"short", b"x"], [b"", (5).to_bytes(8, "big")],
+                                    [b"", (10**9).to_bytes(8, "big"), b"\xc1 garbage with a far-off seq"]])
 def test_a_malformed_message_rebuilds_the_entries_from_the_replay(stream, frames):
     pub, index, kinds = stream
     pub.publish([stored(1)])

@@ -266,6 +266,25 @@ class GatewayConfig(_Strict):
     host: str = "127.0.0.1"
     port: int = Field(8000, ge=1, le=65535)
     max_body_bytes: ByteSize = Field(4 * MiB, ge=1024)
+    body_read_timeout_s: float = Field(10.0, gt=0, description="A request body not received within this is a 408: "
+                                                               "a slow sender must not hold a gateway slot.")
+    health_interval_s: float = Field(1.0, ge=0, description="/health probes the engines at most once per interval, "
+                                                            "whatever the call rate (/livez probes nothing).")
+    decode_first_token_timeout_s: float = Field(
+        120.0, gt=0, description="A decode hop with no first token within this is refused (429) instead of "
+                                 "holding its admission place: no decode capacity, or a stuck replica.")
+    allowed_hosts: Optional[tuple[str, ...]] = Field(
+        None, description="Host header values the gateway answers (421 otherwise; against DNS rebinding): names or "
+                          "name:port; \"*\": any. None: the gateway host and the loopback names (any port), or no "
+                          "check when host is 0.0.0.0 (then list the names clients use).")
+
+    def resolved_allowed_hosts(self) -> Optional[tuple[str, ...]]:
+        """The allow-list to enforce; None: no Host check."""
+        from router.openai.hosts import default_allowed_hosts
+
+        if self.allowed_hosts is not None:
+            return self.allowed_hosts
+        return default_allowed_hosts(self.host)
 
 
 class RedisTLSConfig(_Strict):
@@ -415,11 +434,19 @@ class AuthConfig(_Strict):
     tenants: dict[str, TenantConfig] = {}
     keys: tuple[ApiKeySource, ...] = ()
     tier_header: str = "X-Tandem-Tier"
+    prefix_cache: Optional[Literal["isolate", "share"]] = Field(
+        None, description="isolate: each tenant's prompts get their own prefix-cache salt (vLLM cache_salt), so "
+                          "no tenant can tell from timing whether another sent a prompt; share: one cache for all. "
+                          "None: isolate when API keys are configured, share when the API is open.")
     rate_limit_store: Literal["memory", "redis"] = Field(
         "memory", description="Where the tenants' rate-limit buckets live. memory: each gateway replica its own "
                               "(N replicas allow up to N times the limits). redis: one set shared by every replica, "
                               "in routing.index's Redis (its URL, credentials and TLS); while Redis is unreachable, "
                               "each replica limits on its own.")
+
+
+    def isolates_prefix_cache(self) -> bool:
+        return self.prefix_cache == "isolate" or (self.prefix_cache is None and bool(self.keys))
 
 
 class RayConfig(_Strict):

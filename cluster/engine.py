@@ -169,6 +169,14 @@ def _sampling_params(settings: SamplingSettings, *, max_tokens: int, kv_params: 
     )
 
 
+def _prompt(request: EngineRequest) -> dict[str, Any]:
+    """vLLM's TokensPrompt of a request; the same in both hops (the cache salt too)."""
+    prompt: dict[str, Any] = {"prompt_token_ids": list(request.prompt_token_ids)}
+    if request.cache_salt:
+        prompt["cache_salt"] = request.cache_salt
+    return prompt
+
+
 def _structured_outputs(structured: Optional[StructuredOutput]):
     if structured is None:
         return None
@@ -278,7 +286,7 @@ class VLLMEngine:
 
         try:
             async for output in self._llm.generate(
-                {"prompt_token_ids": list(request.prompt_token_ids)}, params, request.request_id
+                _prompt(request), params, request.request_id
             ):
                 yield output
         except VLLMClientError as exc:

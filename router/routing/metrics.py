@@ -31,7 +31,9 @@ DECISION_SECONDS = Histogram(
 )
 KV_EVENTS = Counter(
     "tandem_kv_events",
-    "KV-event stream handling: batch applied, gap, replayed, reset, index_down.",
+    "KV-event stream handling: batch applied, gap, replayed, reset, index_down, malformed (a frame "
+    "skipped), rebuild (a worker's entries refilled from the replay buffer), restarted (a dead "
+    "subscriber thread replaced).",
     ["kind"],
 )
 INDEX_ERRORS = Counter(

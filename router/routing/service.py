@@ -117,6 +117,11 @@ class KVRouter:
                 if endpoint and info.stats.get("worker_id"):
                     live[info.stats["worker_id"]] = (endpoint, info.stats.get("kv_replay"))
         for worker_id, (endpoint, replay) in live.items():
+            old = self._subscribers.get(worker_id)
+            if old is not None and old.crashed:  # its thread died: follow the worker anew
+                log.warning("KV event subscriber of %s had stopped; restarting it", worker_id)
+                metrics.KV_EVENTS.labels(kind="restarted").inc()
+                del self._subscribers[worker_id]
             if worker_id not in self._subscribers:
                 sub = KVEventSubscriber(worker_id, endpoint, replay, self._index,
                                         on_event=lambda kind: metrics.KV_EVENTS.labels(kind=kind).inc())
@@ -133,7 +138,8 @@ class KVRouter:
 
     # -- the decision ------------------------------------------------------------------------
 
-    async def _matches(self, token_ids, workers: list[Worker]) -> tuple[dict[str, int], dict[str, int], bool]:
+    async def _matches(self, token_ids, workers: list[Worker],
+                       cache_salt: Optional[str] = None) -> tuple[dict[str, int], dict[str, int], bool]:
         """(blocks of the prompt per worker, leading cached blocks per worker, index answered)."""
         num_blocks: dict[str, int] = {}
         layouts: dict[tuple[int, str], list[int]] = {}
@@ -141,7 +147,7 @@ class KVRouter:
             if w.block_size:
                 key = (w.block_size, w.hash_seed or DEFAULT_SEED)
                 if key not in layouts:
-                    layouts[key] = BlockHasher(*key).hashes(token_ids)
+                    layouts[key] = BlockHasher(*key).hashes(token_ids, cache_salt)  # salted like vLLM
                 num_blocks[w.worker_id] = len(layouts[key])
         if self._index is None or not layouts:
             return num_blocks, {}, self._index is not None
@@ -167,7 +173,8 @@ class KVRouter:
         await self._sync_subscribers()
         decode_workers = self.workers(tier, "decode")
         prefill_workers = self.workers(tier, "prefill")
-        num_blocks, matches, index_ok = await self._matches(request.prompt_token_ids, decode_workers + prefill_workers)
+        num_blocks, matches, index_ok = await self._matches(request.prompt_token_ids, decode_workers + prefill_workers,
+                                                            request.cache_salt)
         ctx = RouteContext(tier=tier, prompt_tokens=len(request.prompt_token_ids),
                            num_blocks=num_blocks, matches=matches)
         decode = self._pick(decode_workers, ctx, tier, "decode")

@@ -77,14 +77,19 @@ def ray_auth_env(token_path: Path) -> dict[str, str]:
     return {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(token_path)}
 
 
-def _keep_loopback_node_address() -> None:
-    """Ray reads RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER once, when `ray` is first imported, and a
-    benchmark may import it before LocalCluster sets the variable: give the constant the value
-    the variable gives, or 127.0.0.1 would be rewritten to the machine's address (all
-    interfaces). start() checks the node address Ray ended up with."""
+def _reload_ray_settings() -> None:
+    """Ray reads RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER and RAY_AUTH_MODE once, when `ray` is first
+    imported, and a benchmark may import it before LocalCluster sets them: without this, the
+    driver would rewrite 127.0.0.1 to the machine's address (all interfaces) and connect
+    without its token. Ray refreshes its config the same way when it turns auth on itself
+    (ray._private.authentication.authentication_token_setup). start() then checks the node
+    address Ray ended up with."""
     from ray._private import ray_constants
+    from ray._raylet import AuthenticationTokenLoader, Config
 
-    ray_constants.ENABLE_RAY_CLUSTER = False
+    ray_constants.ENABLE_RAY_CLUSTER = os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] == "1"
+    Config.initialize("")
+    AuthenticationTokenLoader.instance().reset_cache()
 
 
 class LocalCluster:
@@ -106,7 +111,9 @@ class LocalCluster:
         t0 = time.monotonic()
         address = self.cfg.ray.address
         local = is_loopback_address(address)
-        env = dict(LOCAL_RAY_ENV) if local else {}
+        env = dict(LOCAL_RAY_ENV)
+        if not local:  # a remote cluster's nodes have their own addresses
+            del env["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"]
         env["VLLM_CACHE_ROOT"] = str(self.cache_dir / "vllm")
         os.environ.update(env)
         if local:
@@ -118,9 +125,9 @@ class LocalCluster:
 
         from cluster.app import APP_NAME, build_app
 
-        if local:
-            _keep_loopback_node_address()
         if not ray.is_initialized():
+            if local:
+                _reload_ray_settings()
             self.progress(f"[tandem] starting Ray ({address or 'local'})")
             ray.init(
                 address=address,

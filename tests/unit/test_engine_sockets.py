@@ -5,7 +5,10 @@ gets token auth from a 0600 file."""
 
 from __future__ import annotations
 
+import os
 import stat
+import subprocess
+import sys
 from types import SimpleNamespace
 
 import psutil
@@ -121,3 +124,22 @@ def test_the_local_ray_token_is_made_once_and_private(tmp_path):
     path.chmod(0o644)
     assert stat.S_IMODE(ensure_ray_token(path).stat().st_mode) == 0o600
     assert ray_auth_env(made) == {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(made)}
+
+
+def test_ray_settings_set_after_ray_was_imported_take_effect():
+    """A benchmark imports ray before LocalCluster sets its variables: the driver must still
+    keep 127.0.0.1 and use token auth (in a fresh interpreter: Ray reads them at import)."""
+    code = """
+import os, ray
+from ray._private import ray_constants
+from ray._raylet import AuthenticationMode, get_authentication_mode
+os.environ.update({"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_AUTH_MODE": "token"})
+before = (ray_constants.ENABLE_RAY_CLUSTER, get_authentication_mode() == AuthenticationMode.TOKEN)
+from cluster.local import _reload_ray_settings
+_reload_ray_settings()
+print(before, (ray_constants.ENABLE_RAY_CLUSTER, get_authentication_mode() == AuthenticationMode.TOKEN))
+"""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_AUTH", "RAY_ENABLE"))}
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split("\n")[-2] == "(True, False) (False, True)"

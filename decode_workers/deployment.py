@@ -11,6 +11,7 @@ from ray import serve
 
 from cluster.config import ClusterConfig
 from cluster.engine import VLLMEngine
+from cluster.serve_patch import bind_replica_grpc_on_node_address
 from cluster.protocol import EngineRequest, TokenChunk
 from cluster.worker import EngineReplica, build_engine_spec
 from kv_transfer.handoff import Handoff, HandoffMismatch
@@ -21,6 +22,7 @@ log = logging.getLogger(__name__)
 @serve.deployment(name="DecodeWorker")
 class DecodeWorker(EngineReplica):
     def __init__(self, cfg: ClusterConfig, tier: str):
+        bind_replica_grpc_on_node_address()
         self.model = cfg.model.served_name
         self.engine = VLLMEngine(build_engine_spec(cfg, tier, "kv_consumer"))
         self.export_metrics(tier)

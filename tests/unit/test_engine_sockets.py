@@ -143,3 +143,23 @@ print(before, (ray_constants.ENABLE_RAY_CLUSTER, get_authentication_mode() == Au
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.split("\n")[-2] == "(True, False) (False, True)"
+
+
+def test_serve_replica_grpc_is_narrowed_to_a_loopback_node_address_only(monkeypatch):
+    from ray.serve._private import replica
+
+    from cluster.serve_patch import bind_replica_grpc_on_node_address
+
+    calls = []
+    monkeypatch.setattr(replica, "add_port_to_grpc_server", lambda server, address: calls.append(address) or 1)
+    assert bind_replica_grpc_on_node_address(lambda: "10.2.3.4") is False  # Kubernetes: Serve's choice
+    replica.add_port_to_grpc_server(None, "[::]:0")
+    assert bind_replica_grpc_on_node_address(lambda: "127.0.0.1") is True
+    assert bind_replica_grpc_on_node_address(lambda: "127.0.0.1") is True  # idempotent: wrapped once
+    replica.add_port_to_grpc_server(None, "[::]:0")
+    replica.add_port_to_grpc_server(None, "127.0.0.1:7000")
+    assert calls == ["[::]:0", "127.0.0.1:0", "127.0.0.1:7000"]
+    # The call Serve 2.60 makes when a replica starts: the one this narrows.
+    import inspect
+
+    assert 'add_port_to_grpc_server(self._server, "[::]:0")' in inspect.getsource(replica.Replica._on_initialized)

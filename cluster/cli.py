@@ -27,7 +27,7 @@ STATE_DIR = Path(".tandem")
 PID_FILE = STATE_DIR / "run.pid"
 
 
-def _examples(url: str, model: str) -> str:
+def _examples(url: str, model: str, token: Path) -> str:
     return f"""
 tandem is serving {model} at {url}
 
@@ -38,6 +38,7 @@ tandem is serving {model} at {url}
 print(c.chat.completions.create(model='{model}', messages=[{{'role': 'user', 'content': 'Hello!'}}], max_tokens=32).choices[0].message.content)"
 
 Health: {url}/health   Models: {url}/v1/models   Stop: Ctrl-C, or `make stop` in another shell
+Ray listens on 127.0.0.1 only, with token auth: RAY_AUTH_TOKEN_PATH={token} ray status
 """
 
 
@@ -79,7 +80,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     stop = threading.Event()
     try:
         cluster.start()  # Ctrl-C while engines load raises KeyboardInterrupt: we still clean up
-        print(_examples(cluster.url, cfg.model.served_name), flush=True)
+        print(_examples(cluster.url, cfg.model.served_name, cluster.ray_token), flush=True)
         for sig in (signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, lambda *_: stop.set())
         while not stop.wait(1):

@@ -319,6 +319,9 @@ class RoutingIndexConfig(_Strict):
     redis_username: Optional[str] = Field(None, description="Redis ACL user; None: the default user.")
     redis_tls: Optional[RedisTLSConfig] = None
     key_prefix: str = "tandem:"
+    # Redis keys expire this long after their last write (a BlockStored refreshes them), so
+    # entries nobody removes (a vanished worker) do not stay; None: never. Memory: unused.
+    key_ttl_s: Optional[int] = Field(3600, ge=1)
 
     @model_validator(mode="after")
     def _check_redis(self) -> "RoutingIndexConfig":

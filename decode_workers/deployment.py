@@ -12,6 +12,7 @@ from ray import serve
 from cluster.config import ClusterConfig
 from cluster.engine import VLLMEngine
 from cluster.coalesce import coalesced
+from cluster.serve_patch import bind_replica_grpc_on_node_address
 from cluster.protocol import EngineRequest, TokenChunk, merge_chunks
 from cluster.worker import EngineReplica, build_engine_spec
 from cluster.metrics import Counter
@@ -29,6 +30,7 @@ HANDOFFS_EXPIRED = Counter(
 @serve.deployment(name="DecodeWorker")
 class DecodeWorker(EngineReplica):
     def __init__(self, cfg: ClusterConfig, tier: str):
+        bind_replica_grpc_on_node_address()
         self.model = cfg.model.served_name
         self.tier = tier
         self.engine = VLLMEngine(build_engine_spec(cfg, tier, "kv_consumer"))

@@ -10,6 +10,7 @@ from ray import serve
 
 from cluster.config import ClusterConfig
 from cluster.engine import VLLMEngine
+from cluster.serve_patch import bind_replica_grpc_on_node_address
 from cluster.protocol import EngineRequest, PrefillResult
 from cluster.worker import EngineReplica, build_engine_spec
 from kv_transfer.handoff import lease_deadline
@@ -18,6 +19,7 @@ from kv_transfer.handoff import lease_deadline
 @serve.deployment(name="PrefillWorker")
 class PrefillWorker(EngineReplica):
     def __init__(self, cfg: ClusterConfig, tier: str):
+        bind_replica_grpc_on_node_address()
         self.engine = VLLMEngine(build_engine_spec(cfg, tier, "kv_producer"))
         self.export_metrics(tier)
 

@@ -8,6 +8,7 @@ from ray import serve
 
 from cluster.config import ClusterConfig
 from cluster.protocol import TierPools
+from cluster.serve_patch import bind_replica_grpc_on_node_address
 from router.admission import AdmissionControl
 from router.auth import ApiKeyAuth
 from router.disagg import DisaggregatedBackend
@@ -24,6 +25,7 @@ from router.routing.build import build_kv_router
 @serve.ingress()
 class Gateway:
     def __init__(self, cfg: ClusterConfig, pools: dict[str, TierPools]):
+        bind_replica_grpc_on_node_address()  # loopback on a local cluster (cluster/serve_patch.py)
         self.cfg = cfg
         self.backend = DisaggregatedBackend(
             model_id=cfg.model.served_name,

@@ -18,7 +18,8 @@ def build_kv_router(cfg: ClusterConfig) -> KVRouter:
         index = make_index(routing.index.backend, redis_url=routing.index.redis_url,
                            redis_password=routing.index.resolve_redis_password(),
                            redis_username=routing.index.redis_username,
-                           redis_tls=tls_of(routing.index.redis_tls), prefix=routing.index.key_prefix)
+                           redis_tls=tls_of(routing.index.redis_tls), prefix=routing.index.key_prefix,
+                           key_ttl_s=routing.index.key_ttl_s)
     directories = {
         (tier, pool): pool_directory(APP_NAME, deployment_name(tier, pool))
         for tier in cfg.tiers for pool in ("prefill", "decode")

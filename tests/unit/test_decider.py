@@ -248,7 +248,8 @@ class _FakeEngine:
     def __init__(self, role, running=0.0):
         from types import SimpleNamespace
 
-        self.spec = SimpleNamespace(worker_id=f"interactive-x-{role}", kv_role=role, kv_events=None)
+        self.spec = SimpleNamespace(worker_id=f"interactive-x-{role}", kv_role=role)
+        self.kv_events = None  # where the engine bound its KV-event sockets (none here)
         self._running = running
 
     def stats(self):

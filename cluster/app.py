@@ -6,7 +6,7 @@ from ray.serve import Application
 from ray.serve.config import RequestRouterConfig
 
 from cluster.autoscaling.serve_policy import serve_autoscaling_config
-from cluster.config import ClusterConfig, PoolConfig, SLOConfig
+from cluster.config import AdmissionConfig, ClusterConfig, PoolConfig, SLOConfig
 from cluster.protocol import TierPools
 
 APP_NAME = "tandem"
@@ -22,7 +22,7 @@ def _actor_options(pool: PoolConfig) -> dict:
     return options
 
 
-def _pool_options(pool: PoolConfig, role: str, slo: SLOConfig) -> dict:
+def _pool_options(pool: PoolConfig, role: str, slo: SLOConfig, admission: AdmissionConfig) -> dict:
     options = {
         "num_replicas": pool.replicas,
         "ray_actor_options": _actor_options(pool),
@@ -31,6 +31,9 @@ def _pool_options(pool: PoolConfig, role: str, slo: SLOConfig) -> dict:
         "health_check_timeout_s": 60,
         "graceful_shutdown_timeout_s": 20,
         "max_ongoing_requests": max(pool.engine.max_num_seqs * 2, 8),
+        # Bounded: past it Serve refuses at once (BackPressureError: a 429 at the gateway, or a
+        # recompute for a prefill) instead of queueing without end behind a stuck pool.
+        "max_queued_requests": max_queued_requests(admission),
         # The gateway's KV-aware router picks the replica; this Serve router sends the request
         # there and reports the replicas' routing stats (worker id, KV-event endpoints) back.
         "request_router_config": RequestRouterConfig(
@@ -45,6 +48,13 @@ def _pool_options(pool: PoolConfig, role: str, slo: SLOConfig) -> dict:
     return options
 
 
+def max_queued_requests(admission: AdmissionConfig) -> int:
+    """Each caller's queue for a pool of a tier. A gateway has at most the tier's admitted requests
+    (admission.max_running, router/admission.py) in a pool at once, so a longer queue never
+    fills unless admission is bypassed; the margin is for probes (stats, cache layout)."""
+    return admission.max_running + 16
+
+
 def build_app(cfg: ClusterConfig) -> Application:
     # Imported here so `tandem --help` and config validation stay fast and Ray-free.
     from decode_workers.deployment import DecodeWorker
@@ -53,14 +63,15 @@ def build_app(cfg: ClusterConfig) -> Application:
 
     pools = {
         tier: TierPools(
-            prefill=PrefillWorker.options(name=deployment_name(tier, "prefill"), **_pool_options(t.prefill, "prefill", t.slo)).bind(cfg, tier),
-            decode=DecodeWorker.options(name=deployment_name(tier, "decode"), **_pool_options(t.decode, "decode", t.slo)).bind(cfg, tier),
+            prefill=PrefillWorker.options(name=deployment_name(tier, "prefill"), **_pool_options(t.prefill, "prefill", t.slo, t.admission)).bind(cfg, tier),
+            decode=DecodeWorker.options(name=deployment_name(tier, "decode"), **_pool_options(t.decode, "decode", t.slo, t.admission)).bind(cfg, tier),
         )
         for tier, t in cfg.tiers.items()
     }
     # Room for every tier's admitted and queued requests (router/admission.py), plus probes.
     admitted = sum(t.admission.max_running + t.admission.max_queued for t in cfg.tiers.values())
-    return Gateway.options(max_ongoing_requests=max(1000, admitted + 100)).bind(cfg, pools)
+    ongoing = max(1000, admitted + 100)
+    return Gateway.options(max_ongoing_requests=ongoing, max_queued_requests=ongoing).bind(cfg, pools)
 
 
 def deployment_name(tier: str, pool: str) -> str:

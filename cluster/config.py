@@ -10,13 +10,54 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
-from typing import Literal, Optional
+from typing import Annotated, Literal, Optional
 from urllib.parse import urlsplit
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
+from pydantic import (BaseModel, BeforeValidator, ConfigDict, Field, SecretStr, ValidationError, WithJsonSchema,
+                      model_validator)
 
 MiB = 1 << 20
+
+# Sizes as vLLM and Kubernetes write them: "256MiB", "4GiB" (binary), "512MB", "1.5GB" (decimal),
+# or a plain number of bytes. Unit letters are case-insensitive; "i" means binary.
+_SIZE_UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": 10**9, "gb": 10**9,
+               "t": 10**12, "tb": 10**12, "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40}
+_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-z]*)\s*$", re.IGNORECASE)
+SIZE_PATTERN = r"^\s*\d+(\.\d+)?\s*([kKmMgGtT]([iI]?[bB])?|[bB])?\s*$"
+
+
+def parse_size(value):
+    """Bytes from an int or a size string ("256MiB", "4GiB", "512MB"); anything else is left
+    to the int validation, which names the field."""
+    if isinstance(value, str):
+        match = _SIZE_RE.match(value)
+        unit = match and _SIZE_UNITS.get(match.group(2).lower())
+        if not unit:
+            raise ValueError(f"{value!r} is not a size: write bytes (268435456) or e.g. 256MiB, 4GiB, 512MB")
+        number = float(match.group(1)) * unit
+        if number != int(number):
+            raise ValueError(f"{value!r} is not a whole number of bytes")
+        return int(number)
+    return value
+
+
+# A byte count that also takes a size string; the JSON Schema (Helm's values.schema.json) says both.
+ByteSize = Annotated[int, BeforeValidator(parse_size), WithJsonSchema(
+    {"anyOf": [{"type": "integer", "minimum": 0}, {"type": "string", "pattern": SIZE_PATTERN}],
+     "description": "bytes, or a size such as 256MiB, 4GiB, 512MB"})]
+
+# A Hugging Face Hub id ("org/name"), told apart from a relative folder by its shape: exactly
+# one "/", no "." or ".." parts. A relative folder of that shape that exists wins (see load).
+_HUB_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*$")
+
+
+def is_hub_id(value: str) -> bool:
+    return bool(_HUB_ID_RE.match(value)) and ".." not in value
+
+
+class ConfigError(ValueError):
+    """A config that cannot be used, as one message naming the file and the field."""
 
 
 class _Strict(BaseModel):
@@ -24,8 +65,9 @@ class _Strict(BaseModel):
 
 
 class ModelConfig(_Strict):
-    path: Path = Field(description="Local checkpoint folder (safetensors + tokenizer).")
-    name: Optional[str] = Field(None, description="Model id served on /v1/models; folder name if unset.")
+    path: Path = Field(description="Local checkpoint folder (safetensors + tokenizer), or a Hugging Face Hub id "
+                                   "(org/name) downloaded into HF_HOME at start (HF_HUB_OFFLINE: from the cache only).")
+    name: Optional[str] = Field(None, description="Model id served on /v1/models; the Hub id or the folder name if unset.")
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
         "auto", description="auto: the checkpoint's dtype on GPUs; on CPUs bfloat16 where the CPU has native bf16 "
                             "(AVX-512 BF16 or AMX), else float32 (emulated bf16 is slower), decided on each "
@@ -36,8 +78,14 @@ class ModelConfig(_Strict):
     tool_parser: Optional[str] = Field(None, pattern=r"^[A-Za-z0-9_.-]+$")
 
     @property
+    def hub_id(self) -> Optional[str]:
+        """The Hub id when path is one (a relative path of the shape org/name), else None."""
+        text = self.path.as_posix()
+        return text if not self.path.is_absolute() and is_hub_id(text) else None
+
+    @property
     def served_name(self) -> str:
-        return self.name or self.path.name
+        return self.name or self.hub_id or self.path.name
 
 
 class SpeculativeConfig(_Strict):
@@ -61,7 +109,7 @@ class EngineConfig(_Strict):
     """vLLM engine settings of one pool. The KV cache size is always explicit: vLLM on CPU
     otherwise claims a large share of RAM."""
 
-    kv_cache_bytes: int = Field(256 * MiB, ge=16 * MiB)
+    kv_cache_bytes: ByteSize = Field(256 * MiB, ge=16 * MiB)
     kv_cache_dtype: Literal["auto", "fp8", "fp8_e4m3", "fp8_e5m2", "bfloat16"] = "auto"
     max_num_seqs: int = Field(32, ge=1)
     max_num_batched_tokens: Optional[int] = Field(None, ge=16)
@@ -217,7 +265,26 @@ class KVTransferConfig(_Strict):
 class GatewayConfig(_Strict):
     host: str = "127.0.0.1"
     port: int = Field(8000, ge=1, le=65535)
-    max_body_bytes: int = Field(4 * MiB, ge=1024)
+    max_body_bytes: ByteSize = Field(4 * MiB, ge=1024)
+    body_read_timeout_s: float = Field(10.0, gt=0, description="A request body not received within this is a 408: "
+                                                               "a slow sender must not hold a gateway slot.")
+    health_interval_s: float = Field(1.0, ge=0, description="/health probes the engines at most once per interval, "
+                                                            "whatever the call rate (/livez probes nothing).")
+    decode_first_token_timeout_s: float = Field(
+        120.0, gt=0, description="A decode hop with no first token within this is refused (429) instead of "
+                                 "holding its admission place: no decode capacity, or a stuck replica.")
+    allowed_hosts: Optional[tuple[str, ...]] = Field(
+        None, description="Host header values the gateway answers (421 otherwise; against DNS rebinding): names or "
+                          "name:port; \"*\": any. None: the gateway host and the loopback names (any port), or no "
+                          "check when host is 0.0.0.0 (then list the names clients use).")
+
+    def resolved_allowed_hosts(self) -> Optional[tuple[str, ...]]:
+        """The allow-list to enforce; None: no Host check."""
+        from router.openai.hosts import default_allowed_hosts
+
+        if self.allowed_hosts is not None:
+            return self.allowed_hosts
+        return default_allowed_hosts(self.host)
 
 
 class RedisTLSConfig(_Strict):
@@ -252,6 +319,9 @@ class RoutingIndexConfig(_Strict):
     redis_username: Optional[str] = Field(None, description="Redis ACL user; None: the default user.")
     redis_tls: Optional[RedisTLSConfig] = None
     key_prefix: str = "tandem:"
+    # Redis keys expire this long after their last write (a BlockStored refreshes them), so
+    # entries nobody removes (a vanished worker) do not stay; None: never. Memory: unused.
+    key_ttl_s: Optional[int] = Field(3600, ge=1)
 
     @model_validator(mode="after")
     def _check_redis(self) -> "RoutingIndexConfig":
@@ -292,8 +362,12 @@ class RoutingConfig(_Strict):
     # max_score: highest weighted score, random tie-break. round_robin / random ignore the
     # scores: baselines for benchmarks (router/routing/tenant_bench.py), not for production.
     picker: Literal["max_score", "round_robin", "random"] = "max_score"
-    # P/D decider: send a request straight to decode when the part of its prompt the decode
-    # engine has not cached is shorter than this many tokens. 0: always disaggregate.
+    # P/D decider (router/routing/decider.py), per request: adaptive = remote prefill or local
+    # (chunked on the decode engine) from both engines' live load and cost models against the
+    # tier's slo; always = remote prefill for every request; never = every prompt on decode.
+    disaggregation: Literal["adaptive", "always", "never"] = "adaptive"
+    # With adaptive or always: send a request straight to decode when the part of its prompt
+    # the decode engine has not cached is shorter than this many tokens. 0: off.
     decode_only_below_tokens: int = Field(0, ge=0)
     # Engines publish KV-cache events (vLLM kv_events_config, ZMQ) and the gateway follows
     # them; off: routing on load only.
@@ -363,11 +437,19 @@ class AuthConfig(_Strict):
     tenants: dict[str, TenantConfig] = {}
     keys: tuple[ApiKeySource, ...] = ()
     tier_header: str = "X-Tandem-Tier"
+    prefix_cache: Optional[Literal["isolate", "share"]] = Field(
+        None, description="isolate: each tenant's prompts get their own prefix-cache salt (vLLM cache_salt), so "
+                          "no tenant can tell from timing whether another sent a prompt; share: one cache for all. "
+                          "None: isolate when API keys are configured, share when the API is open.")
     rate_limit_store: Literal["memory", "redis"] = Field(
         "memory", description="Where the tenants' rate-limit buckets live. memory: each gateway replica its own "
                               "(N replicas allow up to N times the limits). redis: one set shared by every replica, "
                               "in routing.index's Redis (its URL, credentials and TLS); while Redis is unreachable, "
                               "each replica limits on its own.")
+
+
+    def isolates_prefix_cache(self) -> bool:
+        return self.prefix_cache == "isolate" or (self.prefix_cache is None and bool(self.keys))
 
 
 class RayConfig(_Strict):
@@ -441,14 +523,49 @@ class ClusterConfig(_Strict):
 
     @classmethod
     def load(cls, path: str | Path, overrides: Optional[dict] = None) -> "ClusterConfig":
+        """Read, merge `overrides`, validate. An unreadable file or malformed YAML raises
+        ConfigError; invalid fields raise pydantic's ValidationError (load_checked: one message)."""
         path = Path(path)
-        raw = yaml.safe_load(path.read_text()) or {}
+        try:
+            raw = yaml.safe_load(path.read_text()) or {}
+        except OSError as exc:
+            raise ConfigError(f"{path}: cannot read the config: {exc.strerror}") from None
+        except yaml.YAMLError as exc:
+            mark = getattr(exc, "problem_mark", None)
+            where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
+            problem = getattr(exc, "problem", None) or str(exc)
+            raise ConfigError(f"{path}: malformed YAML{where}: {problem}") from None
+        if not isinstance(raw, dict):
+            raise ConfigError(f"{path}: the config must be a mapping (model:, tiers:, ...), got {type(raw).__name__}")
         if overrides:
             raw = _deep_merge(raw, overrides)
-        model = raw.get("model") or {}
-        if "path" in model and not Path(model["path"]).is_absolute():
-            model["path"] = str((path.parent / model["path"]).resolve())
+        model = raw.get("model")
+        if isinstance(model, dict) and isinstance(model.get("path"), str) and not Path(model["path"]).is_absolute():
+            local = (path.parent / model["path"]).resolve()
+            if local.exists() or not is_hub_id(model["path"]):  # else: a Hub id, kept as written
+                raw["model"] = {**model, "path": str(local)}
         return cls.model_validate(raw)
+
+    @classmethod
+    def load_checked(cls, path: str | Path, overrides: Optional[dict] = None) -> "ClusterConfig":
+        """load, with every problem as one ConfigError naming the file and the field(s)."""
+        try:
+            return cls.load(path, overrides)
+        except ValidationError as exc:
+            raise ConfigError(explain(exc, path)) from None
+
+
+def explain(exc: ValidationError, source: str | Path) -> str:
+    """A ValidationError as one message: `source: field.path: problem` per error."""
+    lines = []
+    for err in exc.errors():
+        where = ".".join(str(part) for part in err["loc"])
+        msg = err["msg"].removeprefix("Value error, ")
+        if err["type"] == "extra_forbidden":
+            msg = "unknown field (a typo?)"
+        lines.append(f"{where}: {msg}" if where else msg)  # top-level checks name their fields
+    head = f"{source}: invalid config" + (f" ({len(lines)} problems)" if len(lines) > 1 else "")
+    return head + ":\n  " + "\n  ".join(lines) if len(lines) > 1 else f"{source}: {lines[0]}"
 
 
 def _check_engine_for_pool(where: str, role: str, pool: "PoolConfig") -> None:

@@ -40,22 +40,20 @@ from kv_transfer.nixl import KVRole, NixlEndpoint, kv_transfer_config, nixl_env
 log = logging.getLogger(__name__)
 
 
+# vLLM's ZMQ publisher binds `tcp://*:0` on its node IP (VLLM_HOST_IP) with a port the OS
+# picks, and reports the bound endpoints back (AsyncLLM.get_kv_event_sources). Any other tcp
+# endpoint without "*" makes the PUB socket *connect*, and `tcp://*:PORT` binds all interfaces:
+# BlockStored events carry every prompt's token ids, so they must stay on the cluster address.
+_BIND_ON_NODE_IP = "tcp://*:0"
+
+
 @dataclass(frozen=True)
 class KVEventsEndpoint:
-    """Where this engine publishes its KV-cache events (router/kv_events.py follows them).
-    The EngineCore binds both ports on all interfaces; `host` is what subscribers dial."""
+    """Where this engine publishes its KV-cache events (router/kv_events.py follows them):
+    the PUB and replay sockets the EngineCore bound on the node's cluster address."""
 
-    host: str
-    port: int
-    replay_port: int
-
-    @property
-    def endpoint(self) -> str:
-        return f"tcp://{self.host}:{self.port}"
-
-    @property
-    def replay_endpoint(self) -> str:
-        return f"tcp://{self.host}:{self.replay_port}"
+    endpoint: str
+    replay_endpoint: Optional[str]
 
 
 @dataclass(frozen=True)
@@ -71,7 +69,9 @@ class EngineSpec:
     cpu_binding: Optional[str]
     on_gpu: bool
     worker_id: str
-    kv_events: Optional[KVEventsEndpoint] = None
+    # Publish KV-cache events, bound on this address (the node's cluster address: 127.0.0.1
+    # locally, the pod IP on Kubernetes); None: no events.
+    kv_events_host: Optional[str] = None
 
 
 @dataclass(frozen=True)
@@ -116,6 +116,9 @@ def engine_environment(spec: EngineSpec) -> dict[str, str]:
         env[ENGINE_NICE] = str(CPU_ENGINE_NICENESS)
     if spec.nixl is not None:
         env.update(nixl_env(spec.kv, spec.nixl, spec.on_gpu))
+    if spec.kv_events_host is not None:
+        # The address vLLM binds `tcp://*:0` on (its get_ip()); otherwise the default route's.
+        env["VLLM_HOST_IP"] = spec.kv_events_host
     return env
 
 
@@ -167,6 +170,14 @@ def _sampling_params(settings: SamplingSettings, *, max_tokens: int, kv_params: 
         output_kind=RequestOutputKind.DELTA,
         extra_args=extra_args,
     )
+
+
+def _prompt(request: EngineRequest) -> dict[str, Any]:
+    """vLLM's TokensPrompt of a request; the same in both hops (the cache salt too)."""
+    prompt: dict[str, Any] = {"prompt_token_ids": list(request.prompt_token_ids)}
+    if request.cache_salt:
+        prompt["cache_salt"] = request.cache_salt
+    return prompt
 
 
 def _structured_outputs(structured: Optional[StructuredOutput]):
@@ -223,11 +234,18 @@ class VLLMEngine:
                 kv_transfer_config(spec.kv, spec.kv_role, spec.on_gpu) if spec.kv_role else None
             ),
             disable_log_stats=False,
-            kv_events_config=_kv_events_config(spec.kv_events),
+            kv_events_config=_kv_events_config(spec.kv_events_host),
         )
         log.info("starting vLLM engine %s (%s) with %s", spec.worker_id, spec.kv_role, spec.model_path)
         self._llm = AsyncLLM.from_engine_args(args)
         self._closed = False
+        self.kv_events: Optional[KVEventsEndpoint] = None
+        if spec.kv_events_host is not None:
+            try:
+                self.kv_events = bound_kv_events(self._llm.get_kv_event_sources(), spec.kv_events_host)
+            except Exception:
+                self.shutdown()
+                raise
 
     async def prefill(self, request: EngineRequest, *, first_token: bool = False) -> PrefillResult:
         """Compute the prompt's KV and keep it for a remote decode (max_tokens=1).
@@ -278,7 +296,7 @@ class VLLMEngine:
 
         try:
             async for output in self._llm.generate(
-                {"prompt_token_ids": list(request.prompt_token_ids)}, params, request.request_id
+                _prompt(request), params, request.request_id
             ):
                 yield output
         except VLLMClientError as exc:
@@ -348,13 +366,27 @@ class VLLMEngine:
         self._llm.shutdown()
 
 
-def _kv_events_config(events: Optional[KVEventsEndpoint]):
-    if events is None:
+def _kv_events_config(host: Optional[str]):
+    if host is None:
         return None
     from vllm.config import KVEventsConfig
 
     return KVEventsConfig(enable_kv_cache_events=True, publisher="zmq",
-                          endpoint=f"tcp://*:{events.port}", replay_endpoint=f"tcp://*:{events.replay_port}")
+                          endpoint=_BIND_ON_NODE_IP, replay_endpoint=_BIND_ON_NODE_IP)
+
+
+def bound_kv_events(sources: dict[int, Any], host: str) -> KVEventsEndpoint:
+    """The endpoints the EngineCore bound (its KVEventsConfig, data-parallel rank 0), checked
+    to be on `host`: a publisher on another address would leak prompts or be unreachable."""
+    if 0 not in sources:
+        raise RuntimeError("vLLM reported no KV-event publisher although events are on")
+    config = sources[0]
+    endpoint, replay = config.endpoint, config.replay_endpoint
+    prefixes = (f"tcp://{host}:", f"tcp://[{host}]:")  # vLLM brackets an IPv6 address
+    for name, value in (("endpoint", endpoint), ("replay_endpoint", replay)):
+        if value is None or not value.startswith(prefixes) or value.endswith(":0"):
+            raise RuntimeError(f"KV-event {name} {value!r} is not bound on {host}")
+    return KVEventsEndpoint(endpoint=endpoint, replay_endpoint=replay)
 
 
 def _read_vllm_metrics() -> dict[tuple[str, Optional[str]], float]:

@@ -3,12 +3,20 @@
 `LocalCluster(cfg).start()` returns once /health says both pools serve, printing progress
 while engines load; `stop()` tears the Serve app down (engines shut down in their replicas)
 and then Ray. The integration tests use exactly this, so what they prove is what users run.
+
+A cluster on this machine (a new one, or `ray.address` on loopback) keeps every Ray port on
+127.0.0.1 and runs with Ray's token auth: the token is in `.tandem/ray_auth_token` (0600),
+made on first use; other drivers (`ray status`, `serve status`) find it through
+RAY_AUTH_TOKEN_PATH. For a remote cluster Ray's own settings apply (RAY_AUTH_MODE,
+RAY_AUTH_TOKEN or RAY_AUTH_TOKEN_PATH in the environment).
 """
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import os
+import secrets
 import threading
 import time
 import urllib.request
@@ -17,10 +25,17 @@ from typing import Callable, Optional
 
 from cluster.config import ClusterConfig
 
+LOOPBACK = "127.0.0.1"
+# Ray's auth token of a local cluster (`tandem run`, benchmarks): the file Ray reads through
+# RAY_AUTH_TOKEN_PATH. `ray status` and other drivers of that cluster need the same variable.
+DEFAULT_RAY_TOKEN = Path(".tandem") / "ray_auth_token"
+
 # Local-only Ray settings, measured on these machines (../shared/DESIGN.md):
 LOCAL_RAY_ENV = {
-    "RAY_AUTH_MODE": "disabled",  # Ray 2.60 token auth breaks a second local driver
-    "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",  # keep the 127.0.0.1 node address
+    # Keep the 127.0.0.1 node address: with it every Ray port (GCS, raylets, workers, agents,
+    # metrics) listens on loopback only. Ray rewrites 127.0.0.1 to the machine's address when
+    # this is on (Linux's default), and then listens on all interfaces.
+    "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
     "RAY_worker_niceness": "0",  # workers run at nice 15 otherwise
     "RAY_USAGE_STATS_ENABLED": "0",
     "RAY_DEDUP_LOGS": "0",
@@ -29,11 +44,62 @@ LOCAL_RAY_ENV = {
 }
 
 
+def is_loopback_address(address: Optional[str]) -> bool:
+    """Whether a Ray address ("host:port", "ray://host:port"; None: a new local cluster) is on
+    this machine's loopback interface."""
+    if address is None:
+        return True
+    host = address.split("://", 1)[-1].rsplit(":", 1)[0].strip("[]")
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:  # a host name, "auto": not known to be loopback
+        return False
+
+
+def ensure_ray_token(path: Path) -> Path:
+    """The local cluster's Ray auth token in `path`, made once (256 random bits, as
+    `ray get-auth-token --generate` makes them), readable by this user only."""
+    path = path.resolve()
+    if not path.exists() or not path.read_text().strip():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(secrets.token_hex(32))
+    os.chmod(path, 0o600)  # also a file made by hand with the umask's mode
+    return path
+
+
+def ray_auth_env(token_path: Path) -> dict[str, str]:
+    """Ray's documented token-auth settings: every Ray process and driver of the cluster
+    (raylets and workers inherit them) authenticates with the token in this file."""
+    return {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(token_path)}
+
+
+def _reload_ray_settings() -> None:
+    """Ray reads RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER and RAY_AUTH_MODE once, when `ray` is first
+    imported, and a benchmark may import it before LocalCluster sets them: without this, the
+    driver would rewrite 127.0.0.1 to the machine's address (all interfaces) and connect
+    without its token. Ray refreshes its config the same way when it turns auth on itself
+    (ray._private.authentication.authentication_token_setup). start() then checks the node
+    address Ray ended up with."""
+    from ray._private import ray_constants
+    from ray._raylet import AuthenticationTokenLoader, Config
+
+    ray_constants.ENABLE_RAY_CLUSTER = os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] == "1"
+    Config.initialize("")
+    AuthenticationTokenLoader.instance().reset_cache()
+
+
 class LocalCluster:
     def __init__(self, cfg: ClusterConfig, *, cache_dir: Optional[Path] = None,
-                 progress: Callable[[str], None] = print):
+                 ray_token: Optional[Path] = None, progress: Callable[[str], None] = print):
         self.cfg = cfg
         self.cache_dir = cache_dir or Path(".tandem/cache").resolve()
+        # Ray's token file for a cluster on this machine (a new one, or ray.address on
+        # loopback); a remote cluster's token comes from the environment, as Ray documents.
+        self.ray_token = ray_token or DEFAULT_RAY_TOKEN
         self.progress = progress
         self._started_ray = False
 
@@ -42,26 +108,42 @@ class LocalCluster:
         return f"http://{self.cfg.gateway.host}:{self.cfg.gateway.port}"
 
     def start(self, ready_timeout_s: float = 600) -> "LocalCluster":
+        t0 = time.monotonic()
+        address = self.cfg.ray.address
+        local = is_loopback_address(address)
+        env = dict(LOCAL_RAY_ENV)
+        if not local:  # a remote cluster's nodes have their own addresses
+            del env["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"]
+        env["VLLM_CACHE_ROOT"] = str(self.cache_dir / "vllm")
+        os.environ.update(env)
+        if local:
+            # Not in runtime_env: Ray processes inherit it from the raylet; a path, not the token.
+            os.environ.update(ray_auth_env(ensure_ray_token(self.ray_token)))
+
         import ray
         from ray import serve
 
         from cluster.app import APP_NAME, build_app
 
-        t0 = time.monotonic()
-        env = dict(LOCAL_RAY_ENV)
-        env["VLLM_CACHE_ROOT"] = str(self.cache_dir / "vllm")
-        os.environ.update(env)
         if not ray.is_initialized():
-            self.progress(f"[tandem] starting Ray ({self.cfg.ray.address or 'local'})")
+            if local:
+                _reload_ray_settings()
+            self.progress(f"[tandem] starting Ray ({address or 'local'})")
             ray.init(
-                address=self.cfg.ray.address,
-                num_cpus=self.cfg.ray.num_cpus if self.cfg.ray.address is None else None,
+                address=address,
+                num_cpus=self.cfg.ray.num_cpus if address is None else None,
                 include_dashboard=False,
-                _metrics_export_port=self.cfg.ray.metrics_export_port if self.cfg.ray.address is None else None,
+                _node_ip_address=LOOPBACK if address is None else None,
+                _metrics_export_port=self.cfg.ray.metrics_export_port if address is None else None,
                 runtime_env={"env_vars": env},
                 logging_level="warning",
             )
             self._started_ray = True
+            node_ip = ray.util.get_node_ip_address()
+            if local and not is_loopback_address(f"{node_ip}:0"):
+                self.stop()
+                raise RuntimeError(f"Ray's node address is {node_ip}, not loopback: its ports would listen "
+                                   "on every interface")
         serve.start(
             # One gateway address: a proxy per node would collide on the port when several Ray
             # nodes share a machine (the two-node integration test), and k8s uses the chart.

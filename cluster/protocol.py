@@ -59,6 +59,9 @@ class EngineRequest:
     prompt_token_ids: tuple[int, ...]
     sampling: SamplingSettings
     tier: Optional[str] = None  # None: the cluster's default tier
+    # vLLM's prefix-cache salt (its tenant's, auth.prefix_cache isolate): prompts of different
+    # salts never share cached blocks. Both hops pass it, so both engines hash alike.
+    cache_salt: Optional[str] = None
 
 
 @dataclass(frozen=True)
@@ -72,6 +75,9 @@ class PrefillResult:
     worker_id: str
     num_prompt_tokens: int
     first: Optional["TokenChunk"] = None
+    # When the prefill engine's lease on the blocks ends (wall clock, minus a margin; see
+    # kv_transfer/handoff.py); None: unknown.
+    lease_deadline: Optional[float] = None
 
 
 @dataclass(frozen=True)

@@ -1,19 +1,21 @@
 """What the prefill and decode replicas share: building this replica's EngineSpec.
 
 A replica learns its rank from Ray Serve, takes the CPU core slot for that rank and a free
-NIXL side-channel port and two free KV-event ports (publisher and replay), and reports them to
-the gateway's router through Ray Serve's routing stats, so new replicas (autoscaling,
-restarts) need no manual wiring.
+NIXL side-channel port; its engine binds the KV-event publisher and replay sockets on ports
+the OS picks. All of them are on the node's own cluster address (127.0.0.1 locally, the pod
+IP on Kubernetes), never on all interfaces. The replica reports them to the gateway's router
+through Ray Serve's routing stats, so new replicas (autoscaling, restarts) need no manual
+wiring.
 """
 
 from __future__ import annotations
 
 import socket
-from typing import Optional
+from typing import Callable, Optional
 
 from cluster.autoscaling.signals import ReplicaSignals
 from cluster.config import ClusterConfig
-from cluster.engine import EngineSpec, EngineStats, KVEventsEndpoint, VLLMEngine, _read_vllm_metrics
+from cluster.engine import EngineSpec, EngineStats, VLLMEngine, _read_vllm_metrics
 from cluster.engine_metrics import EngineMetricsExporter
 from kv_transfer.nixl import KVRole, NixlEndpoint, free_port
 
@@ -53,6 +55,27 @@ def engine_dtype(requested: str, on_gpu: bool, flags: frozenset[str]) -> str:
     return "bfloat16" if flags & _NATIVE_BF16_FLAGS else "float32"
 
 
+# Addresses that bind every interface: engine sockets carry prompts (KV events hold token ids).
+_WILDCARDS = frozenset({"", "*", "0.0.0.0", "::", "[::]"})
+
+
+def _ray_node_ip() -> str:
+    import ray
+
+    return ray.util.get_node_ip_address()
+
+
+def node_address(configured: str, ray_node_ip: Callable[[], str] = _ray_node_ip) -> str:
+    """The node's cluster address engine sockets (NIXL side channel, KV events) bind on:
+    kv_transfer.side_channel_host, or for "auto" (multi-node, the Helm chart) the Ray node IP
+    other nodes reach this replica at. Never a wildcard."""
+    host = ray_node_ip() if configured == "auto" else configured
+    if host in _WILDCARDS:
+        raise ValueError(f"engine sockets must bind one address, not {host!r} "
+                         "(kv_transfer.side_channel_host: 127.0.0.1 locally, auto on Kubernetes)")
+    return host
+
+
 def replica_rank_and_id() -> tuple[int, str]:
     try:
         from ray import serve
@@ -72,11 +95,7 @@ def build_engine_spec(cfg: ClusterConfig, tier: str, role: KVRole) -> EngineSpec
     binding: Optional[str] = None
     if pool.cpu_binding:
         binding = pool.cpu_binding[rank % len(pool.cpu_binding)]
-    host = cfg.kv_transfer.side_channel_host
-    if host == "auto":  # multi-node (Helm): the address other Ray nodes reach this replica at
-        import ray
-
-        host = ray.util.get_node_ip_address()
+    host = node_address(cfg.kv_transfer.side_channel_host)
     return EngineSpec(
         model_path=cfg.model.path,
         served_name=cfg.model.served_name,
@@ -90,10 +109,7 @@ def build_engine_spec(cfg: ClusterConfig, tier: str, role: KVRole) -> EngineSpec
         on_gpu=on_gpu,
         # The same id the router derives from the Serve replica id (router/routing/service.py).
         worker_id=f"{tier}-{pool_name}-{replica_id}",
-        kv_events=(
-            KVEventsEndpoint(host=host, port=free_port("0.0.0.0"), replay_port=free_port("0.0.0.0"))
-            if cfg.routing.kv_events and pool.engine.enable_prefix_caching else None
-        ),
+        kv_events_host=host if cfg.routing.kv_events and pool.engine.enable_prefix_caching else None,
     )
 
 
@@ -126,26 +142,47 @@ class EngineReplica:
         return self.signals.sample()
 
     def describe(self) -> dict:
-        """Who this replica is (engine id, NIXL side-channel port, CPU cores) and how many
-        prompt tokens it has computed: one call tells which replica served."""
+        """Who this replica is (engine id, NIXL side-channel port, KV-event endpoints, CPU
+        cores) and how many prompt tokens it has computed: one call tells which replica served."""
         spec = self.engine.spec
+        events = self.engine.kv_events
         return {
             "worker_id": spec.worker_id,
             "nixl_port": spec.nixl.port if spec.nixl else None,
+            "kv_events": [events.endpoint, events.replay_endpoint] if events else [],
             "cpu_binding": spec.cpu_binding,
             "prompt_tokens_computed": self.engine.stats().prompt_tokens_computed,
         }
 
+    _itl_seen: tuple[float, float] = (0.0, 0.0)  # vLLM's token-gap (sum, count) at the last report
+
     def record_routing_stats(self) -> dict:
         """Ray Serve's hook (every request_routing_stats_period_s), delivered to the gateway's
-        request router: who this engine is, where its KV events are, how it hashes blocks.
-        KV usage is rounded so the stats (broadcast on change) change rarely."""
+        request router: who this engine is, where its KV events are, how it hashes blocks, and
+        the P/D decider's live state (router/routing/decider.py): a prefill engine's queued
+        prompt tokens; a decode engine's running sequences and, when it stepped since the last
+        report, its mean token gap (`step_s`, over `step_n` gaps) for the step cost model.
+        Values are rounded so the stats (broadcast on change) stay still while idle."""
         spec = self.engine.spec
+        engine_stats = self.engine.stats()
         stats = {"worker_id": spec.worker_id, **self.engine.cache_layout(),
-                 "kv_usage": round(self.engine.stats().kv_cache_usage, 1)}
-        if spec.kv_events is not None:
-            stats["kv_events"] = spec.kv_events.endpoint
-            stats["kv_replay"] = spec.kv_events.replay_endpoint
+                 "kv_usage": round(engine_stats.kv_cache_usage, 1),
+                 "running_seqs": int(engine_stats.requests_running)}
+        if spec.kv_role == "kv_producer":
+            stats["queued_prompt_tokens"] = self.signals.queued_prompt_tokens
+        else:
+            values = _read_vllm_metrics()
+            itl = (values.get(("vllm:inter_token_latency_seconds_sum", None), 0.0),
+                   values.get(("vllm:inter_token_latency_seconds_count", None), 0.0))
+            gaps = itl[1] - self._itl_seen[1]
+            if gaps > 0:
+                stats["step_s"] = round((itl[0] - self._itl_seen[0]) / gaps, 3)
+                stats["step_n"] = int(gaps)
+            self._itl_seen = itl
+        events = self.engine.kv_events
+        if events is not None:
+            stats["kv_events"] = events.endpoint
+            stats["kv_replay"] = events.replay_endpoint
         return stats
 
     async def abort(self, request_id: str) -> None:

@@ -12,17 +12,27 @@ from ray import serve
 from cluster.config import ClusterConfig
 from cluster.engine import VLLMEngine
 from cluster.coalesce import coalesced
+from cluster.serve_patch import bind_replica_grpc_on_node_address
 from cluster.protocol import EngineRequest, TokenChunk, merge_chunks
 from cluster.worker import EngineReplica, build_engine_spec
-from kv_transfer.handoff import Handoff, HandoffMismatch
+from cluster.metrics import Counter
+from kv_transfer.handoff import Handoff, HandoffExpired, HandoffMismatch
 
 log = logging.getLogger(__name__)
+
+HANDOFFS_EXPIRED = Counter(
+    "tandem_handoffs_expired",
+    "Handoffs that reached decode after the prefill's KV lease (minus a margin): recomputed, never pulled.",
+    ["tier"],
+)
 
 
 @serve.deployment(name="DecodeWorker")
 class DecodeWorker(EngineReplica):
     def __init__(self, cfg: ClusterConfig, tier: str):
+        bind_replica_grpc_on_node_address()
         self.model = cfg.model.served_name
+        self.tier = tier
         self.engine = VLLMEngine(build_engine_spec(cfg, tier, "kv_consumer"))
         self.export_metrics(tier)
 
@@ -33,6 +43,10 @@ class DecodeWorker(EngineReplica):
                 params = handoff.decode_params(self.model)
             except HandoffMismatch as exc:
                 # Fail fast on an incompatible peer: compute the prompt here instead.
+                log.warning("request %s: %s; recomputing locally", request.request_id, exc)
+            except HandoffExpired as exc:
+                # Its blocks may hold another request's KV by now: never pull them.
+                HANDOFFS_EXPIRED.labels(tier=self.tier).inc()
                 log.warning("request %s: %s; recomputing locally", request.request_id, exc)
         # Tokens that pile up while the gateway is busy go out as one Ray item (cluster/coalesce.py).
         async for chunk in coalesced(self.engine.decode(request, params), merge_chunks):

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from cluster.config import KVTransferConfig
+from kv_transfer.handoff import KV_LEASE_S
 
 # vLLM's NixlConnector, capped to pull no more than the prefill computed (connector.py). A
 # module path, not an import: only vLLM's EngineCore process loads the class.
@@ -41,7 +42,8 @@ def resolve_buffer_device(cfg: KVTransferConfig, on_gpu: bool) -> str:
 
 def kv_transfer_config(cfg: KVTransferConfig, role: KVRole, on_gpu: bool) -> dict[str, Any]:
     """The dict vLLM's KVTransferConfig takes for a prefill (producer) or decode (consumer)."""
-    extra: dict[str, Any] = {}
+    # Explicit, so the handoff's lease deadline (kv_transfer/handoff.py) matches the engine's.
+    extra: dict[str, Any] = {"kv_lease_duration": KV_LEASE_S}
     if not on_gpu:
         # One UCX worker thread is plenty on loopback and keeps idle CPU low on small hosts.
         extra["num_threads"] = 1

@@ -41,6 +41,11 @@ def unauthorized(message: str) -> OpenAIError:
                        {"WWW-Authenticate": "Bearer"})
 
 
+def cache_salt(tenant: str) -> str:
+    """A tenant's vLLM cache salt: one per tenant, its name not spelled out in engine state."""
+    return hashlib.sha256(f"tandem-prefix-cache:{tenant}".encode("utf-8")).hexdigest()[:32]
+
+
 class ApiKeyAuth:
     def __init__(self, grants: Mapping[str, Grant], *, tiers: tuple[str, ...], default_tier: str,
                  tier_header: str = "X-Tandem-Tier"):
@@ -102,6 +107,11 @@ class ApiKeyAuth:
         """The caller's tenant (None when the API is open); 401 like `authenticate`."""
         grant = self.authenticate(headers)
         return grant.tenant if grant else None
+
+    def cache_salt_of(self, headers: Mapping[str, str]) -> Optional[str]:
+        """The caller's prefix-cache salt (auth.prefix_cache isolate); None when the API is open."""
+        tenant = self.tenant_of(headers)
+        return cache_salt(tenant) if tenant is not None else None
 
     def tier_of(self, headers: Mapping[str, str]) -> str:
         """The edge hook: authenticate, then pick the request's tier (401 / 400 / 403)."""

@@ -14,6 +14,8 @@ Failure policy, in order of what can go wrong:
   itself ("fallback_recompute", counted by reason). Latency, not a lost request.
 - the KV pull fails inside decode → vLLM's kv_load_failure_policy=recompute handles it.
 - the decode hop fails before the first token → retried once on the decode pool.
+- the decode hop yields no first token within decode_first_token_timeout_s, or Serve's queue
+  for the decode pool is full → 429 (the request gives its admission place back at once).
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from cluster.metrics import Counter, Histogram
 from cluster.protocol import EngineRequest, InvalidEngineRequest, TierPools, TokenChunk
 from kv_transfer.first_token import FirstTokenOffset, continuation, reuse_blocker
 from kv_transfer.handoff import Handoff, HandoffMismatch
-from router.openai.errors import bad_request
+from router.openai.errors import bad_request, too_many_requests
 from router.routing.types import Pick, RouteDecision
 
 log = logging.getLogger(__name__)
@@ -52,6 +54,18 @@ DECODE_FIRST_TOKEN_SECONDS = Histogram(
     ["tier", "path"],
 )
 
+DECODE_REFUSED = Counter(
+    "tandem_decode_refused",
+    "Decode hops refused with a 429: no first token within the deadline, or Serve's queue full.",
+    ["tier", "reason"],
+)
+
+HEALTH_PROBES = Counter(
+    "tandem_health_probes",
+    "Readiness probes of every pool (each asks every engine for its stats); /health answers from a cache "
+    "refreshed at most once per gateway.health_interval_s.",
+)
+
 FIRST_TOKEN = Counter(
     "tandem_first_token",
     "Disaggregated requests by where their first token was sampled: path prefill (reused, "
@@ -60,6 +74,32 @@ FIRST_TOKEN = Counter(
 )
 
 HEALTH_TIMEOUT_S = 5.0
+ABORT_TIMEOUT_S = 5.0  # an abort that does not answer in this is given up (the engine frees it on finish)
+
+
+class _NoFirstToken(Exception):
+    """The decode hop yielded no first token within its deadline."""
+
+
+async def _first_token_within(stream: Any, timeout_s: float) -> AsyncIterator[TokenChunk]:
+    """The stream, with a deadline on its first chunk only (later gaps are the engine's pace)."""
+    it = stream.__aiter__()
+    try:
+        first = await asyncio.wait_for(it.__anext__(), timeout_s)
+    except StopAsyncIteration:
+        return
+    except asyncio.TimeoutError:
+        raise _NoFirstToken() from None
+    yield first
+    async for chunk in it:
+        yield chunk
+
+
+def _is_backpressure(exc: BaseException) -> bool:
+    """Serve refused the call: the deployment's max_queued_requests is reached."""
+    from ray.serve.exceptions import BackPressureError
+
+    return isinstance(exc, BackPressureError) or isinstance(getattr(exc, "cause", None), BackPressureError)
 
 
 @dataclass(frozen=True)
@@ -76,13 +116,14 @@ class DisaggregatedBackend:
 
     def __init__(self, *, model_id: str, max_model_len: int, tokenizer: Any, pools: dict[str, TierPools],
                  default_tier: str, prefill_timeout_s: float, router: Any = None,
-                 first_token_reuse: bool = True):
+                 first_token_reuse: bool = True, decode_first_token_timeout_s: float = 120.0):
         self.model_id = model_id
         self.max_model_len = max_model_len
         self.tokenizer = tokenizer
         self._pools = pools
         self._default_tier = default_tier
         self._prefill_timeout_s = prefill_timeout_s
+        self._decode_first_token_timeout_s = decode_first_token_timeout_s
         self._router = router  # a KVRouter, or None: Serve's own replica choice
         self._first_token_reuse = first_token_reuse
         # request_id → pool → the hop in flight; `abort` sends each abort where its hop went.
@@ -108,7 +149,8 @@ class DisaggregatedBackend:
             if first is not None and first.finish_reason in ("error", "abort"):
                 raise RuntimeError(f"the prefill engine ended the request with {first.finish_reason!r}")
             if first is None or first.finish_reason is None:  # else: the answer ended on token 1
-                handoff = Handoff.from_prefill(self.model_id, result.kv_transfer_params)
+                handoff = Handoff.from_prefill(self.model_id, result.kv_transfer_params,
+                                                   getattr(result, "lease_deadline", None))
         except asyncio.TimeoutError:
             reason = "prefill_timeout"
             self._abort_later(request.request_id, "prefill")
@@ -203,7 +245,7 @@ class DisaggregatedBackend:
             try:
                 with self._dispatch(routed, "decode", request):
                     stream = pool.options(stream=True).generate.remote(request, handoff)
-                    async for chunk in stream:
+                    async for chunk in _first_token_within(stream, self._decode_first_token_timeout_s):
                         if not started:
                             started = True
                             DECODE_FIRST_TOKEN_SECONDS.labels(tier=tier, path=path).observe(
@@ -214,10 +256,18 @@ class DisaggregatedBackend:
                 if stream is not None:  # cancelled before the decode call was made: nothing to cancel
                     stream.cancel()
                 raise
+            except _NoFirstToken:
+                stream.cancel()
+                DECODE_REFUSED.labels(tier=tier, reason="no_first_token").inc()
+                raise too_many_requests(f"No decode replica produced a first token within "
+                                        f"{self._decode_first_token_timeout_s:g} s; retry later.") from None
             except InvalidEngineRequest as exc:  # the same request would fail again: a 400
                 cause = getattr(exc, "cause", exc)  # Ray wraps it; the cause holds the plain message
                 raise bad_request(f"The engine refused the request: {cause}") from None
-            except Exception:
+            except Exception as exc:
+                if not started and _is_backpressure(exc):
+                    DECODE_REFUSED.labels(tier=tier, reason="queue_full").inc()
+                    raise too_many_requests("The decode pool's queue is full; retry later.") from None
                 if started or attempt == 2:
                     raise
                 DECODE_RETRIES.labels(tier=tier).inc()
@@ -233,8 +283,12 @@ class DisaggregatedBackend:
     async def _abort_hop(self, hop: _Hop, request_id: str) -> None:
         # Pinned like the hop itself: with several replicas in a pool, Serve's own pick would
         # often land on a replica that does not hold the request (abort of an unknown id: no-op).
+        # Timed: an abort goes to a replica that may be the stuck one; nobody waits on it for long.
         with self._pinned(hop.pick, request_id):
-            await hop.handle.abort.remote(request_id)
+            try:
+                await asyncio.wait_for(hop.handle.abort.remote(request_id), ABORT_TIMEOUT_S)
+            except asyncio.TimeoutError:
+                log.warning("request %s: abort got no answer within %.0f s", request_id, ABORT_TIMEOUT_S)
 
     def _abort_later(self, request_id: str, pool: str) -> None:
         hop = self._hops.get(request_id, {}).get(pool)
@@ -246,6 +300,7 @@ class DisaggregatedBackend:
 
     async def health(self) -> dict[str, Any]:
         """Ready only when every pool of every tier answers."""
+        HEALTH_PROBES.inc()
 
         async def probe(handle) -> bool:
             try:

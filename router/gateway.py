@@ -8,6 +8,7 @@ from ray import serve
 
 from cluster.config import ClusterConfig
 from cluster.protocol import TierPools
+from cluster.serve_patch import bind_replica_grpc_on_node_address
 from router.admission import AdmissionControl
 from router.auth import ApiKeyAuth
 from router.disagg import DisaggregatedBackend
@@ -24,6 +25,7 @@ from router.routing.build import build_kv_router
 @serve.ingress()
 class Gateway:
     def __init__(self, cfg: ClusterConfig, pools: dict[str, TierPools]):
+        bind_replica_grpc_on_node_address()  # loopback on a local cluster (cluster/serve_patch.py)
         self.cfg = cfg
         self.backend = DisaggregatedBackend(
             model_id=cfg.model.served_name,
@@ -34,6 +36,7 @@ class Gateway:
             prefill_timeout_s=cfg.kv_transfer.prefill_timeout_s,
             router=(router := build_kv_router(cfg)),
             first_token_reuse=cfg.kv_transfer.first_token_reuse,
+            decode_first_token_timeout_s=cfg.gateway.decode_first_token_timeout_s,
         )
         # Every prefill/decode pair does its NIXL handshake before user traffic needs it.
         self.warmer = HandshakeWarmer(pools=pools, model_id=cfg.model.served_name, router=router)
@@ -61,7 +64,12 @@ class Gateway:
         # No /metrics here: metrics are Ray metrics, on each Ray node's metrics port, never
         # on the public API port (cluster/metrics.py).
         app = build_openai_app(
-            self.measured, max_body_bytes=self.cfg.gateway.max_body_bytes, authenticate=self.auth.tier_of,
+            self.measured, max_body_bytes=self.cfg.gateway.max_body_bytes,
+            body_read_timeout_s=self.cfg.gateway.body_read_timeout_s,
+            health_interval_s=self.cfg.gateway.health_interval_s,
+            allowed_hosts=self.cfg.gateway.resolved_allowed_hosts(), authenticate=self.auth.tier_of,
+            # Per-tenant prefix caches (auth.prefix_cache): a salt per tenant, in both hops and the router.
+            cache_salt=self.auth.cache_salt_of if self.cfg.auth.isolates_prefix_cache() else None,
             rate_limit=self.rate_limits.hook(self.auth.tenant_of) if self.rate_limits.active else None,
             tool_calling=self.tool_calling,
         )

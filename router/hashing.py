@@ -3,8 +3,12 @@
 vLLM (v1/core/kv_cache_utils.py, 0.32) hashes a prompt in full blocks of `block_size` tokens;
 each block's hash chains its parent's:
 
-    h_i = sha256(pickle((h_{i-1}, tuple(block_i_tokens), None)))     (extra keys None: no LoRA,
-    h_{-1} = NONE_HASH = sha256(pickle(seed))                          multimodal, cache salt)
+    h_i = sha256(pickle((h_{i-1}, tuple(block_i_tokens), extra_i)))
+    h_{-1} = NONE_HASH = sha256(pickle(seed))
+
+extra_i is None (no LoRA, multimodal or prompt embeds here), except for the first block of a
+request with a `cache_salt`: (("cache_salt", salt),). The salt changes the first hash and so,
+through the chain, every hash: prompts of different salts (tenants) never share a block.
 
 with seed = PYTHONHASHSEED if the engine process has it, else "vllm-none-hash". A trailing
 partial block is never cached, so it is never hashed. KV events carry the hash as the last
@@ -20,7 +24,7 @@ from __future__ import annotations
 import hashlib
 import pickle
 from dataclasses import dataclass
-from typing import Sequence, Union
+from typing import Optional, Sequence, Union
 
 DEFAULT_SEED = "vllm-none-hash"
 _MASK64 = (1 << 64) - 1
@@ -48,15 +52,17 @@ class BlockHasher:
         if self.block_size < 1:
             raise ValueError(f"block_size must be >= 1, got {self.block_size}")
 
-    def raw_hashes(self, token_ids: Sequence[int]) -> list[bytes]:
+    def raw_hashes(self, token_ids: Sequence[int], cache_salt: Optional[str] = None) -> list[bytes]:
         """vLLM's internal BlockHash bytes, one per full block."""
         parent = _sha256(self.seed)
         out: list[bytes] = []
         for start in range(0, len(token_ids) - self.block_size + 1, self.block_size):
-            parent = _sha256((parent, tuple(token_ids[start:start + self.block_size]), None))
+            # vLLM salts the first block only (generate_block_hash_extra_keys); an empty salt is none.
+            extra = (("cache_salt", cache_salt),) if start == 0 and cache_salt else None
+            parent = _sha256((parent, tuple(token_ids[start:start + self.block_size]), extra))
             out.append(parent)
         return out
 
-    def hashes(self, token_ids: Sequence[int]) -> list[int]:
+    def hashes(self, token_ids: Sequence[int], cache_salt: Optional[str] = None) -> list[int]:
         """The prompt's block hashes as KV events report them."""
-        return [external_hash(h) for h in self.raw_hashes(token_ids)]
+        return [external_hash(h) for h in self.raw_hashes(token_ids, cache_salt)]

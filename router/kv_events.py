@@ -12,7 +12,11 @@ worker runs a daemon thread:
   longer has them (or it does not answer), reset the worker's entries and carry on;
 - the index unreachable (Redis down): skip, remember the worker is stale, and reset its
   entries once the index answers again, so the index never holds a worker's old blocks as
-  if they were current.
+  if they were current;
+- a malformed frame (wrong parts, not msgpack, not a KVEventBatch): counted ("malformed")
+  and skipped; the events it held are lost, so the worker's entries are rebuilt ("rebuild"):
+  dropped, then refilled from the publisher's replay buffer. No frame ends the thread; if
+  anything else does, `alive` turns false and the KVRouter starts a new subscriber.
 
 Lifecycle: `start()` once, `stop()` once or more (idempotent, joins the thread).
 """
@@ -36,7 +40,26 @@ POLL_MS = 200
 REPLAY_TIMEOUT_MS = 1000
 
 
+class MalformedFrame(ValueError):
+    """A KV-event message that is not vLLM's wire format."""
+
+
+def parse_frames(frames: list[bytes]) -> tuple[int, bytes]:
+    """(seq, payload) of a publisher message (topic, 8-byte seq, payload)."""
+    if len(frames) != 3 or len(frames[1]) != 8:
+        raise MalformedFrame(f"{len(frames)} parts, expected topic, an 8-byte seq and a payload")
+    return int.from_bytes(frames[1], "big", signed=True), frames[2]
+
+
 def decode_batch(worker: str, payload: bytes) -> list[KVEvent]:
+    """Like `_decode_batch`, with every way a payload can be wrong as one MalformedFrame."""
+    try:
+        return _decode_batch(worker, payload)
+    except (msgspec.DecodeError, TypeError, KeyError, IndexError, AttributeError, ValueError) as exc:
+        raise MalformedFrame(f"not a KVEventBatch: {type(exc).__name__}: {exc}") from None
+
+
+def _decode_batch(worker: str, payload: bytes) -> list[KVEvent]:
     """A msgpack KVEventBatch ([ts, [event...], dp_rank]) as index events for `worker`."""
     batch = msgspec.msgpack.decode(payload)
     events: list[KVEvent] = []
@@ -68,6 +91,11 @@ class KVEventSubscriber:
     def start(self) -> None:
         self._thread.start()
 
+    @property
+    def crashed(self) -> bool:
+        """The thread was started and has ended without stop(): nobody follows the worker."""
+        return self._thread.ident is not None and not self._thread.is_alive() and not self._stop.is_set()
+
     def stop(self) -> None:
         self._stop.set()
         if self._thread.is_alive() and self._thread is not threading.current_thread():
@@ -82,14 +110,24 @@ class KVEventSubscriber:
             while not self._stop.is_set():
                 if not sub.poll(POLL_MS):
                     continue
-                _topic, seq_bytes, payload = sub.recv_multipart()
-                self._handle(int.from_bytes(seq_bytes, "big", signed=True), payload)
-        except Exception:  # never let one bad stream kill the gateway; its entries go stale
+                frames = sub.recv_multipart()
+                try:
+                    seq, payload = parse_frames(frames)
+                except MalformedFrame as exc:
+                    self._malformed(exc)
+                    continue
+                self._handle(seq, payload)
+        except Exception:  # never let one bad stream kill the gateway; the KVRouter restarts us
             log.exception("KV event subscriber for %s stopped", self.worker)
         finally:
             sub.close()
 
     def _handle(self, seq: int, payload: bytes) -> None:
+        try:
+            events = decode_batch(self.worker, payload)
+        except MalformedFrame as exc:
+            self._malformed(exc)  # and its seq is not to be trusted either: no gap logic on it
+            return
         if self._next_seq is None:  # joined the stream: start clean, fetch what came before
             self._reset()
             self._next_seq = 0
@@ -101,13 +139,39 @@ class KVEventSubscriber:
             self._next_seq = seq
         if seq < self._next_seq:
             return  # already applied (replay overlap)
-        self._apply(decode_batch(self.worker, payload))
+        self._apply(events)
         self._next_seq = seq + 1
 
-    def _replay(self, start: int, until: int) -> bool:
-        """Apply batches [start, until) from the publisher's buffer; False if it cannot."""
+    def _malformed(self, exc: Exception) -> None:
+        log.warning("KV events of %s: malformed frame (%s); rebuilding its entries", self.worker, exc)
+        self._on_event("malformed")
+        self._rebuild()
+
+    def _rebuild(self) -> None:
+        """The worker's entries missed a batch: drop them and apply what the publisher still
+        buffers, which also says where the stream is (the bad frame's seq is not trusted).
+        Sound: a block stored and not removed within the buffer's window is cached; blocks
+        stored before it are missed, which costs hits, never gives a false one. A malformed
+        batch in the buffer starts the entries over after it."""
+        self._on_event("rebuild")
+        self._reset()
+        batches = self._fetch(0) or []
+        for _seq, payload in batches:
+            try:
+                events = decode_batch(self.worker, payload)
+            except MalformedFrame:
+                self._on_event("malformed")
+                self._reset()
+                continue
+            self._apply(events)
+        # Carry on after the buffer; with nothing buffered (or no answer), rejoin at the next batch.
+        self._next_seq = batches[-1][0] + 1 if batches else None
+
+    def _fetch(self, start: int) -> Optional[list[tuple[int, bytes]]]:
+        """The publisher's buffered batches from `start` on, in order; None when it does not
+        answer in time (or there is no replay endpoint). Malformed replay frames are skipped."""
         if not self.replay_endpoint:
-            return False
+            return None
         sock = self._ctx.socket(zmq.DEALER)
         sock.setsockopt(zmq.LINGER, 0)
         try:
@@ -115,20 +179,34 @@ class KVEventSubscriber:
             sock.send_multipart((b"", start.to_bytes(8, "big")))
             batches: list[tuple[int, bytes]] = []
             while sock.poll(REPLAY_TIMEOUT_MS):
-                _empty, _topic, seq_bytes, payload = sock.recv_multipart()
-                seq = int.from_bytes(seq_bytes, "big", signed=True)
+                frames = sock.recv_multipart()
+                try:
+                    seq, payload = parse_frames(frames[1:])  # after the DEALER's empty delimiter
+                except MalformedFrame:
+                    self._on_event("malformed")
+                    continue
                 if seq == _END_SEQ:
-                    break
-                if seq < until:
-                    batches.append((seq, payload))
-            else:
-                return False  # no answer in time
+                    return batches
+                batches.append((seq, payload))
+            return None  # no answer in time
         finally:
             sock.close()
+
+    def _replay(self, start: int, until: int) -> bool:
+        """Apply batches [start, until) from the publisher's buffer; False if it cannot."""
+        fetched = self._fetch(start)
+        if fetched is None:
+            return False
+        batches = [b for b in fetched if b[0] < until]
         if start < until and (not batches or batches[0][0] != start):
             return False  # the buffer no longer reaches back to `start`
-        for _seq, payload in batches:
-            self._apply(decode_batch(self.worker, payload))
+        try:
+            decoded = [decode_batch(self.worker, payload) for _seq, payload in batches]
+        except MalformedFrame:
+            self._on_event("malformed")
+            return False  # a batch of the gap is unreadable: the caller resets
+        for events in decoded:
+            self._apply(events)
         self._on_event("replayed")
         return True
 

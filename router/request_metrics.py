@@ -55,11 +55,15 @@ def declare_series(tiers: Sequence[str]) -> None:
                              ("fallback_recompute", "bad_handoff")):
             disagg.ROUTES.labels(tier=tier, path=path, reason=reason).inc(0)
         disagg.DECODE_RETRIES.labels(tier=tier).inc(0)
+        for reason in ("no_first_token", "queue_full"):
+            disagg.DECODE_REFUSED.labels(tier=tier, reason=reason).inc(0)
         for reason in ("queue_full", "queue_timeout", "expected_wait"):
             admission.REJECTED.labels(tier=tier, reason=reason).inc(0)
         routing.PROMPT_TOKENS.labels(tier=tier).inc(0)
     routing.INDEX_ERRORS.inc(0)
-    for kind in ("batch", "gap", "replayed", "reset", "index_down"):  # router/kv_events.py
+    disagg.HEALTH_PROBES.inc(0)
+    for kind in ("batch", "gap", "replayed", "reset", "index_down", "malformed", "rebuild",
+                 "restarted"):  # router/kv_events.py, router/routing/service.py
         routing.KV_EVENTS.labels(kind=kind).inc(0)
 
 

@@ -145,7 +145,10 @@ class FakeKVEventPublisher:
         self._thread.start()
 
     def publish(self, events: list[dict], drop: bool = False) -> int:
-        payload = self._encode([0.0, events, None])
+        return self.publish_payload(self._encode([0.0, events, None]), drop)
+
+    def publish_payload(self, payload: bytes, drop: bool = False) -> int:
+        """Any payload, well-formed or not, sent and buffered like a batch."""
         with self._lock:
             seq = self._seq
             self._seq += 1
@@ -153,6 +156,11 @@ class FakeKVEventPublisher:
             if not drop:
                 self._pub.send_multipart((b"", seq.to_bytes(8, "big"), payload))
         return seq
+
+    def send_raw(self, frames: list[bytes]) -> None:
+        """A message on the wire that is not (topic, seq, payload) at all; not buffered."""
+        with self._lock:
+            self._pub.send_multipart(frames)
 
     def forget(self) -> None:
         with self._lock:
@@ -194,8 +202,9 @@ class FakeServePool:
     to the replica pinned for its request id in the PoolDirectory, else to Serve's own pick
     (here: the replicas in turn). Every call is recorded as (method, request_id, replica).
     `prefill.remote` answers a handoff and, asked for it, a first token (or hangs with
-    `hang_prefill`); the decode stream
-    yields one token every 10 ms until cancelled or max_tokens, or raises `refuse` first.
+    `hang_prefill`); the decode stream yields one token every 10 ms until cancelled or
+    max_tokens, or raises `refuse` first; with `hang_decode` it yields nothing (no capacity),
+    with `hang_abort` aborts never answer.
     """
 
     def __init__(self, directory: Any, replica_ids: Sequence[str], hang_prefill: bool = False) -> None:
@@ -207,6 +216,8 @@ class FakeServePool:
         directory.set_replicas([ReplicaInfo(r, 8) for r in self.replica_ids])
         self.calls: list[tuple[str, str, str]] = []
         self.refuse: Optional[BaseException] = None
+        self.hang_decode = False
+        self.hang_abort = False
         self._turn = 0
         self.prefill = _FakeMethod(self, "prefill")
         self.abort = _FakeMethod(self, "abort")
@@ -236,13 +247,15 @@ class _FakeMethod:
         request_id = args[0] if isinstance(args[0], str) else args[0].request_id
         self.pool.route(self.name, request_id)
         if self.name == "generate":
-            return _FakeStream(self.pool.refuse, limit=args[0].sampling.max_tokens)
+            return _FakeStream(self.pool.refuse, self.pool.hang_decode, limit=args[0].sampling.max_tokens)
         return self._answer(request_id, first_token=len(args) > 1 and bool(args[1]))
 
     async def _answer(self, request_id: str, first_token: bool) -> Any:
         from cluster.protocol import PrefillResult
 
         if self.name == "abort":
+            if self.pool.hang_abort:
+                await asyncio.Event().wait()
             return None
         if self.pool.hang_prefill:
             await asyncio.Event().wait()
@@ -251,9 +264,10 @@ class _FakeMethod:
 
 
 class _FakeStream:
-    def __init__(self, refuse: Optional[BaseException] = None, limit: int = 1 << 30) -> None:
+    def __init__(self, refuse: Optional[BaseException] = None, hang: bool = False, limit: int = 1 << 30) -> None:
         self.cancelled = False
         self.refuse = refuse
+        self.hang = hang
         self.left = limit
 
     def cancel(self) -> None:
@@ -264,6 +278,8 @@ class _FakeStream:
 
     async def __anext__(self) -> TokenChunk:
         await asyncio.sleep(0.01)
+        if self.hang:
+            await asyncio.Event().wait()
         if self.refuse is not None:
             raise self.refuse
         if self.cancelled or self.left <= 0:

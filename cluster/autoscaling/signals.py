@@ -51,6 +51,11 @@ class ReplicaSignals:
         finally:
             self._queued_prompt_tokens -= num_tokens
 
+    @property
+    def queued_prompt_tokens(self) -> int:
+        """Prompt tokens now waiting for or in their prefill (also a routing stat)."""
+        return self._queued_prompt_tokens
+
     def sample(self) -> dict[str, float]:
         values = self._read()
         out = {

@@ -7,12 +7,13 @@ else, a wrong model a 404 before we spend time tokenizing, and an over-long requ
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import json
 import logging
 import time
 import uuid
-from typing import Any, Awaitable, Callable, Mapping, Optional, Union
+from typing import Any, Awaitable, Callable, Mapping, Optional, Sequence, Union
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
@@ -23,8 +24,10 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from cluster.coalesce import coalesced
 from cluster.protocol import EngineRequest, SamplingSettings, StructuredOutput
 from router.openai.backend import OpenAIBackend
+from router.openai.bounds import MAX_JSON_DEPTH, param_of, too_deep
 from router.openai.errors import (
     REQUEST_ID_HEADER,
+    OpenAIError,
     bad_request,
     context_length_exceeded,
     install_exception_handlers,
@@ -34,6 +37,8 @@ from router.openai.errors import (
     request_id_of,
     service_unavailable,
 )
+from router.openai.health import HealthCache
+from router.openai.hosts import HostAllowList
 from router.openai.openapi import body_of, generation_responses, health_responses, install_openapi, read_responses
 from router.openai.protocol import ChatCompletionRequest, CompletionRequest, parse_request
 from router.openai.sampling import sampling_extras
@@ -51,6 +56,7 @@ from router.openai.streaming import (
 logger = logging.getLogger(__name__)
 
 DEFAULT_MAX_BODY_BYTES = 4 * 1024 * 1024
+DEFAULT_BODY_READ_TIMEOUT_S = 10.0
 _CLIENT_CLOSED = 499  # nginx's "client closed request": nobody reads it, logs understand it
 
 
@@ -87,8 +93,23 @@ def _reject_constant(name: str) -> Any:
     raise ValueError(f"{name} is not valid JSON")
 
 
-async def read_json_body(request: Request, limit: int) -> Any:
-    """Read at most `limit` bytes (413 beyond) and decode strict UTF-8 JSON (400 otherwise)."""
+def request_timeout(timeout_s: float) -> OpenAIError:
+    return OpenAIError(408, f"The request body was not received within {timeout_s:g} s.", "invalid_request_error",
+                       None, "request_timeout", headers={"Connection": "close"})
+
+
+async def read_json_body(request: Request, limit: int, timeout_s: float = DEFAULT_BODY_READ_TIMEOUT_S) -> Any:
+    """Read at most `limit` bytes (413 beyond) within `timeout_s` (408 beyond: a slow sender
+    must not hold a gateway slot) and decode strict UTF-8 JSON (400 otherwise)."""
+    try:
+        async with asyncio.timeout(timeout_s):
+            body = await _read_body(request, limit)
+    except TimeoutError:
+        raise request_timeout(timeout_s) from None
+    return _decode_json(body)
+
+
+async def _read_body(request: Request, limit: int) -> bytearray:
     declared = request.headers.get("content-length")
     if declared is not None:
         try:
@@ -101,6 +122,10 @@ async def read_json_body(request: Request, limit: int) -> Any:
         body += part
         if len(body) > limit:
             raise payload_too_large(limit)
+    return body
+
+
+def _decode_json(body: bytearray) -> Any:
     if not body.strip():
         raise bad_request("The request body is empty; send a JSON object.")
     try:
@@ -108,9 +133,19 @@ async def read_json_body(request: Request, limit: int) -> Any:
     except UnicodeDecodeError:
         raise malformed_json("the body is not valid UTF-8") from None
     try:
-        return json.loads(text, parse_constant=_reject_constant)
-    except (ValueError, RecursionError):
+        value = json.loads(text, parse_constant=_reject_constant)
+    except RecursionError:
+        raise bad_request(f"The request body is nested deeper than {MAX_JSON_DEPTH} levels.",
+                          code="nesting_too_deep") from None
+    except ValueError:
         raise malformed_json() from None
+    # Bounded here, before pydantic and jsonschema, which recurse once per level.
+    deep = too_deep(value)
+    if deep is not None:
+        param = param_of(deep)
+        raise bad_request(f"The request body is nested deeper than {MAX_JSON_DEPTH} levels (in '{param}').",
+                          param, "nesting_too_deep")
+    return value
 
 
 # The auth hook: request headers → the request's tier (None: the default tier). It raises an
@@ -126,18 +161,28 @@ def build_openai_app(
     backend: OpenAIBackend,
     *,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    body_read_timeout_s: float = DEFAULT_BODY_READ_TIMEOUT_S,
+    health_interval_s: float = 1.0,
     authenticate: Optional[Authenticate] = None,
     rate_limit: Optional[RateLimit] = None,
     tool_calling: Optional[ToolCalling] = None,
+    allowed_hosts: Optional[Sequence[str]] = None,
+    cache_salt: Optional[Callable[[Mapping[str, str]], Optional[str]]] = None,
 ) -> FastAPI:
     """The OpenAI-compatible app for one backend. No globals: build as many as you like.
-    `tool_calling` (the model's vLLM tool parser) serves `tools`; without it they get a 400."""
+    `tool_calling` (the model's vLLM tool parser) serves `tools`; without it they get a 400.
+    /health probes the backend at most once per `health_interval_s`. `allowed_hosts`: the
+    Host header values answered (router/openai/hosts.py); None: no Host check. `cache_salt`:
+    request headers → the request's prefix-cache salt (its tenant's; router/auth.py)."""
     tools = tool_calling or ToolCalling(None, None)
     app = FastAPI(title="tandem OpenAI edge", docs_url=None, redoc_url=None, openapi_url="/openapi.json")
     app.add_middleware(RequestIdMiddleware)
+    if allowed_hosts is not None:
+        app.add_middleware(HostAllowList, allowed=tuple(allowed_hosts))
     install_exception_handlers(app)
     install_openapi(app)
     created = int(time.time())
+    health_cache = HealthCache(backend.health, health_interval_s)
 
     def model_card() -> dict[str, Any]:
         return {
@@ -163,13 +208,14 @@ def build_openai_app(
             raise not_found(model)
         return model_card()
 
+    @app.get("/livez")
+    async def livez() -> dict[str, str]:
+        """Liveness: this process answers HTTP. Touches no engine (readiness is /health)."""
+        return {"status": "alive"}
+
     @app.get("/health", responses=health_responses())
     async def health() -> JSONResponse:
-        try:
-            info = dict(await backend.health())
-        except Exception:
-            logger.warning("backend health check failed", exc_info=True)
-            info = {"ready": False, "reason": "health check failed"}
+        info = await health_cache.get()
         if info.pop("ready", False) is True:
             return JSONResponse({"status": "ready", **info})
         raise service_unavailable("The model is not ready to serve requests.", details=info)
@@ -231,7 +277,7 @@ def build_openai_app(
         edge_id = request_id_of(request) or ""
         tier = tier_of(request)
         try:
-            body = await read_json_body(request, max_body_bytes)
+            body = await read_json_body(request, max_body_bytes, body_read_timeout_s)
         except ClientDisconnect:
             return Response(status_code=_CLIENT_CLOSED)
         req = parse_request(ChatCompletionRequest if chat else CompletionRequest, body)
@@ -243,7 +289,8 @@ def build_openai_app(
         if rate_limit is not None:
             await rate_limit(request.headers, len(prompt_ids) + sampling.max_tokens)
         engine_id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
-        engine_request = EngineRequest(engine_id, tuple(prompt_ids), sampling, tier=tier)
+        salt = cache_salt(request.headers) if cache_salt is not None else None
+        engine_request = EngineRequest(engine_id, tuple(prompt_ids), sampling, tier=tier, cache_salt=salt)
         logger.debug("request %s -> %s, %d prompt tokens", edge_id, engine_id, len(prompt_ids))
         ctx = ResponseContext(
             id=engine_id,

@@ -16,16 +16,22 @@ from typing import Any, Literal, Optional, Union
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from cluster.protocol import StructuredOutput
+from router.openai import bounds
 
 
 class _Wire(BaseModel):
     model_config = ConfigDict(strict=True, extra="forbid")
 
 
-def check_json_schema(schema: Any) -> dict[str, Any]:
-    """A JSON schema must be an object and valid under its own metaschema."""
+def check_json_schema(schema: Any, limit: int = bounds.MAX_SCHEMA_BYTES) -> dict[str, Any]:
+    """A JSON schema must be an object, within the edge's bounds (checked first: the
+    metaschema check recurses once per level), and valid under its own metaschema."""
     if not isinstance(schema, dict):
         raise ValueError("the JSON schema must be an object")
+    bounds.check_depth(schema, "the JSON schema")
+    bounds.check_size(schema, limit, "the JSON schema")
+    if bounds.has_nul(schema):
+        raise ValueError("the JSON schema must not contain a NUL character")
     import jsonschema
 
     try:
@@ -76,13 +82,23 @@ class StructuredOutputs(_Wire):
         if len(given) != 1:
             raise ValueError("give exactly one of json, regex, choice, grammar, json_object")
         if isinstance(self.json_, str):
+            bounds.check_size(self.json_, bounds.MAX_SCHEMA_BYTES, "json")
             try:
                 self.json_ = json.loads(self.json_)
-            except ValueError:
+            except (ValueError, RecursionError):
                 raise ValueError("json must be a JSON schema (an object, or a string holding one)") from None
         if self.json_ is not None:
             check_json_schema(self.json_)
+        if self.grammar is not None:
+            bounds.check_text(self.grammar, bounds.MAX_GRAMMAR_CHARS, "grammar")
+        if self.choice is not None:
+            if len(self.choice) > bounds.MAX_CHOICES:
+                raise ValueError(f"choice has {len(self.choice)} entries; the limit is {bounds.MAX_CHOICES}")
+            bounds.check_size(self.choice, bounds.MAX_CHOICE_BYTES, "choice")
+            if bounds.has_nul(self.choice):
+                raise ValueError("choice must not contain a NUL character")
         if self.regex is not None:
+            bounds.check_text(self.regex, bounds.MAX_REGEX_CHARS, "regex")
             try:
                 re.compile(self.regex)
             except re.error as exc:
@@ -116,6 +132,12 @@ class FunctionDef(_Wire):
 class Tool(_Wire):
     type: Literal["function"]
     function: FunctionDef
+
+    @model_validator(mode="after")
+    def _check_size(self) -> "Tool":
+        # The whole definition goes into the prompt and the tool parser's constraint.
+        bounds.check_size(self.model_dump(exclude_none=True), bounds.MAX_TOOL_BYTES, "the tool's definition")
+        return self
 
 
 class NamedFunction(_Wire):

@@ -14,6 +14,7 @@ from typing import Any, ClassVar, Literal, Optional, TypeVar, Union
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from cluster.protocol import StructuredOutput
+from router.openai import bounds
 from router.openai.errors import OpenAIError, bad_request, from_validation_errors
 from router.openai.params import ResponseFormat, StructuredOutputs, Tool, ToolChoice, structured_output_of
 
@@ -67,8 +68,9 @@ class _Request(BaseModel):
     top_p: Optional[float] = Field(default=None, gt=0.0, le=1.0)
     seed: Optional[int] = Field(default=None, ge=INT64_MIN, le=INT64_MAX)
     stop: Optional[Union[str, list[str]]] = Field(default=None, json_schema_extra={"anyOf": [
-        {"type": "string", "minLength": 1},
-        {"type": "array", "items": {"type": "string", "minLength": 1}, "maxItems": MAX_STOP_SEQUENCES},
+        {"type": "string", "minLength": 1, "maxLength": bounds.MAX_STOP_CHARS},
+        {"type": "array", "items": {"type": "string", "minLength": 1, "maxLength": bounds.MAX_STOP_CHARS},
+         "maxItems": MAX_STOP_SEQUENCES},
         {"type": "null"}]})
     stream: Optional[bool] = False
     stream_options: Optional[StreamOptions] = None
@@ -81,7 +83,8 @@ class _Request(BaseModel):
     min_tokens: Optional[int] = Field(default=None, ge=0)
     return_token_ids: Optional[bool] = False
     stop_token_ids: Optional[list[int]] = Field(default=None, json_schema_extra={"anyOf": [
-        {"type": "array", "items": {"type": "integer", "minimum": 0}}, {"type": "null"}]})
+        {"type": "array", "items": {"type": "integer", "minimum": 0}, "maxItems": bounds.MAX_STOP_TOKEN_IDS},
+        {"type": "null"}]})
     top_k: Optional[int] = Field(default=None, ge=-1, le=INT32_MAX)
     min_p: Optional[float] = Field(default=None, ge=0.0, le=1.0)
     repetition_penalty: Optional[float] = Field(default=None, gt=0.0, le=2.0)
@@ -95,6 +98,8 @@ class _Request(BaseModel):
             raise ValueError(f"at most {MAX_STOP_SEQUENCES} stop sequences are allowed")
         if any(s == "" for s in items):
             raise ValueError("stop sequences must not be empty strings")
+        if any(len(s) > bounds.MAX_STOP_CHARS for s in items):
+            raise ValueError(f"a stop sequence may have at most {bounds.MAX_STOP_CHARS} characters")
         return value
 
     @field_validator("n")
@@ -110,6 +115,8 @@ class _Request(BaseModel):
     def _check_stop_ids(cls, value: Optional[list[int]]) -> Optional[list[int]]:
         if value is not None and any(v < 0 for v in value):
             raise ValueError("token ids must be non-negative integers")
+        if value is not None and len(value) > bounds.MAX_STOP_TOKEN_IDS:
+            raise ValueError(f"at most {bounds.MAX_STOP_TOKEN_IDS} stop token ids are allowed")
         return value
 
     @model_validator(mode="after")
@@ -277,7 +284,7 @@ class ChatCompletionRequest(_Request):
     logprobs: Optional[bool] = None
     top_logprobs: Optional[int] = Field(default=None, ge=0, le=MAX_LOGPROBS)
     response_format: Optional[ResponseFormat] = None
-    tools: Optional[list[Tool]] = None
+    tools: Optional[list[Tool]] = Field(default=None, max_length=bounds.MAX_TOOLS)
     tool_choice: Optional[ToolChoice] = None
     parallel_tool_calls: Optional[bool] = None
 

@@ -19,7 +19,8 @@ __all__ = ["AllBlocksCleared", "BlockRemoved", "BlockStored", "IndexUnavailable"
 
 
 def make_index(backend: str, *, redis_url: Optional[str] = None, redis_password: Optional[str] = None,
-               redis_username: Optional[str] = None, redis_tls: Any = None, prefix: str = "tandem:") -> PrefixIndex:
+               redis_username: Optional[str] = None, redis_tls: Any = None, prefix: str = "tandem:",
+               key_ttl_s: Optional[int] = None) -> PrefixIndex:
     """The index the routing config asks for: "memory" or "redis" (`redis_tls`: a RedisTLS)."""
     if backend == "memory":
         return MemoryPrefixIndex()
@@ -29,5 +30,5 @@ def make_index(backend: str, *, redis_url: Optional[str] = None, redis_password:
         if not redis_url:
             raise ValueError("routing.index.redis_url is required for the redis backend")
         return RedisPrefixIndex(redis_url, password=redis_password, username=redis_username, tls=redis_tls,
-                                prefix=prefix)
+                                prefix=prefix, key_ttl_s=key_ttl_s)
     raise ValueError(f"unknown prefix index backend {backend!r}: use memory or redis")

@@ -4,6 +4,11 @@ Layout (all keys under `prefix`): `<prefix>b:<hash>` is a SET of workers holding
 `<prefix>w:<worker>` a SET of that worker's hashes (so a worker's entries can be removed).
 `match` reads all of a prompt's blocks in one pipelined round trip.
 
+Every key expires `key_ttl_s` after its last write (a BlockStored refreshes it): entries of a
+worker that vanished without a BlockRemoved, of a gateway that died mid-reset or of a renamed
+prefix do not stay for ever. A block still cached but not stored again within the TTL costs
+one routing miss until an engine stores it again; None: keys never expire.
+
 Every Redis error (refused, timeout, reset) becomes `IndexUnavailable`; timeouts are short
 so routing never waits long on a Redis that went away. The redis-py client reconnects by
 itself on the next call, so the index recovers as soon as Redis is back.
@@ -85,8 +90,10 @@ def client_kwargs(url: str, *, password: Optional[str] = None, username: Optiona
 
 class RedisPrefixIndex:
     def __init__(self, url: str, *, password: Optional[str] = None, username: Optional[str] = None,
-                 tls: Optional[RedisTLS] = None, prefix: str = "tandem:", timeout_s: float = 0.25):
+                 tls: Optional[RedisTLS] = None, prefix: str = "tandem:", timeout_s: float = 0.25,
+                 key_ttl_s: Optional[int] = None):
         self._prefix = prefix
+        self._ttl = key_ttl_s
         self._redis = redis.Redis.from_url(
             url, **client_kwargs(url, password=password, username=username, tls=tls, timeout_s=timeout_s))
         self._check_credentials(url)
@@ -115,7 +122,9 @@ class RedisPrefixIndex:
                 if isinstance(event, BlockStored) and event.block_hashes:
                     for h in event.block_hashes:
                         pipe.sadd(self._b(h), event.worker)
+                        self._refresh(pipe, self._b(h))
                     pipe.sadd(self._w(event.worker), *event.block_hashes)
+                    self._refresh(pipe, self._w(event.worker))
                 elif isinstance(event, BlockRemoved) and event.block_hashes:
                     for h in event.block_hashes:
                         pipe.srem(self._b(h), event.worker)
@@ -126,6 +135,10 @@ class RedisPrefixIndex:
             pipe.execute()
         except redis.RedisError as exc:
             raise IndexUnavailable(f"Redis index: {exc}") from exc
+
+    def _refresh(self, pipe: Any, key: str) -> None:
+        if self._ttl is not None:
+            pipe.expire(key, self._ttl)
 
     def match(self, block_hashes: Sequence[int]) -> dict[str, int]:
         if not block_hashes:

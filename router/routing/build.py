@@ -6,7 +6,7 @@ from cluster.app import APP_NAME, deployment_name
 from cluster.config import ClusterConfig
 from router.prefix_index import make_index
 from router.prefix_index.redis_index import tls_of
-from router.routing.decider import PDDecider
+from router.routing.decider import Objectives, PDDecider
 from router.routing.directory import pool_directory
 from router.routing.service import KVRouter
 
@@ -18,10 +18,16 @@ def build_kv_router(cfg: ClusterConfig) -> KVRouter:
         index = make_index(routing.index.backend, redis_url=routing.index.redis_url,
                            redis_password=routing.index.resolve_redis_password(),
                            redis_username=routing.index.redis_username,
-                           redis_tls=tls_of(routing.index.redis_tls), prefix=routing.index.key_prefix)
+                           redis_tls=tls_of(routing.index.redis_tls), prefix=routing.index.key_prefix,
+                           key_ttl_s=routing.index.key_ttl_s)
     directories = {
         (tier, pool): pool_directory(APP_NAME, deployment_name(tier, pool))
         for tier in cfg.tiers for pool in ("prefill", "decode")
     }
+    objectives = {tier: Objectives(ttft_s=t.slo.ttft_s, itl_s=t.slo.itl_s) for tier, t in cfg.tiers.items()}
+    # The decode engine's prefill tokens per step; unset: vLLM's chunked-prefill default.
+    budgets = {tier: t.decode.engine.max_num_batched_tokens for tier, t in cfg.tiers.items()
+               if t.decode.engine.max_num_batched_tokens}
     return KVRouter(directories=directories, index=index, weights=routing.weights,
-                    decider=PDDecider(routing.decode_only_below_tokens), picker=routing.picker)
+                    decider=PDDecider(routing.decode_only_below_tokens, routing.disaggregation),
+                    picker=routing.picker, objectives=objectives, chunk_budgets=budgets)

@@ -1,19 +1,140 @@
-"""PDDecider: remote prefill, or straight to decode?
+"""The P/D decider: remote prefill then decode, or local prefill on the decode engine?
 
-A remote prefill pays two hops and a KV transfer to save the decode engine from computing the
-prompt. When the part of the prompt that decode does not already hold is short, that is not
-worth it: decode computes it itself ("decode_only"). A threshold of 0 always disaggregates.
+A remote prefill pays two hops and a KV transfer, and queues behind the prefill engine's other
+prompts, to keep the prompt's computation off the decode engine, whose running streams would
+otherwise wait for it (chunked: each step carries at most the engine's token budget). Neither
+path always wins (TaiChi, 2025): aggregation wins under tight TTFT objectives, disaggregation
+under tight per-token ones. So each request is decided from live state and the engines' cost
+models (cost_model.py), against its tier's objectives:
+
+- ttft_remote = the prefill engine's predicted time for its queue plus this prompt's uncached
+  part (first-token reuse: the prefill's token is the first one);
+- ttft_local = the chunks of the decode engine's uncached part, each step a decode step of the
+  running batch plus the chunk's prompt tokens at the prefill slope;
+- gap_local = the longest token gap the running streams see while those chunks run.
+
+Rules, in order (the reason is the metric label):
+1. mode "never": local ("never"); mode "always": remote ("always") unless rule 2.
+2. uncached on decode < decode_only_below_tokens (a fixed threshold, 0 = off): local
+   ("short_uncached"), as before adaptive existed.
+3. adaptive, the gap holds (no running streams, or gap_local <= itl_s), local is no slower
+   than remote with an idle prefill engine, and the prompt's computation costs the decode
+   engine less than the remote path's fixed overhead (the prefill line's intercept): local
+   ("short_uncached"): the hops cost more than the prompt.
+4. remote meets ttft_s: remote ("prefill_ok"): the decode engine stays free for its streams.
+5. remote misses ttft_s: local when the gap holds and local is faster ("prefill_queue" when
+   an idle prefill engine would have met it, else "local_faster"); else remote,
+   "decode_gap_budget" when the gap is why, "overloaded" when local is slower too.
+
+Pure: `decide` reads only its frozen inputs.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
+from typing import Literal
+
+from router.routing.cost_model import EngineCostModel
+
+Mode = Literal["adaptive", "always", "never"]
+Path = Literal["remote", "local"]
+MIN_CHUNK_TOKENS = 16  # a decode engine whose batch fills its budget still prefills a little per step
 
 
 @dataclass(frozen=True)
 class PDDecider:
+    """The policy (from routing config). The dataclass default is `always`, today's behaviour
+    for code that builds routers by hand; the cluster config defaults to adaptive."""
+
     decode_only_below_tokens: int = 0
+    mode: Mode = "always"
 
     def skip_prefill(self, prompt_tokens: int, cached_on_decode_tokens: int) -> bool:
+        """The fixed threshold alone (rule 2)."""
         uncached = max(prompt_tokens - cached_on_decode_tokens, 0)
         return uncached < self.decode_only_below_tokens
+
+
+@dataclass(frozen=True)
+class RequestView:
+    prompt_tokens: int
+    cached_on_decode: int = 0  # leading prompt tokens the chosen decode engine holds
+    cached_on_prefill: int = 0  # ... the chosen prefill engine holds
+
+
+@dataclass(frozen=True)
+class PrefillView:
+    queued_tokens: int  # uncached prompt tokens queued or running on the chosen prefill engine
+    model: EngineCostModel = EngineCostModel()
+
+
+@dataclass(frozen=True)
+class DecodeView:
+    running_seqs: int  # streams decoding on the chosen decode engine
+    chunk_budget_tokens: int  # the engine's max_num_batched_tokens per step
+    model: EngineCostModel = EngineCostModel()
+
+
+@dataclass(frozen=True)
+class Objectives:
+    ttft_s: float
+    itl_s: float
+
+
+@dataclass(frozen=True)
+class Decision:
+    path: Path
+    reason: str
+    ttft_remote_s: float
+    ttft_local_s: float
+    gap_local_s: float  # 0 with no running streams to delay
+
+    @property
+    def skip_prefill(self) -> bool:
+        return self.path == "local"
+
+
+def predict_remote(req: RequestView, prefill: PrefillView, queued: bool = True) -> float:
+    uncached = max(req.prompt_tokens - req.cached_on_prefill, 0)
+    return prefill.model.prefill_s((prefill.queued_tokens if queued else 0) + uncached)
+
+
+def predict_local(req: RequestView, decode: DecodeView, per_token_s: float) -> tuple[float, float]:
+    """(ttft, longest gap of the running streams) with the prompt chunked on the decode engine."""
+    uncached = max(req.prompt_tokens - req.cached_on_decode, 0)
+    running = decode.running_seqs
+    chunk = max(decode.chunk_budget_tokens - running, MIN_CHUNK_TOKENS)
+    steps = max(math.ceil(uncached / chunk), 1)
+    step = decode.model.step_s(running + 1)  # this request joins the batch
+    ttft = steps * step + per_token_s * uncached
+    gap = 0.0 if running == 0 else decode.model.step_s(running) + per_token_s * min(uncached, chunk)
+    return ttft, gap
+
+
+def decide(policy: PDDecider, req: RequestView, prefill: PrefillView, decode: DecodeView,
+           objectives: Objectives) -> Decision:
+    per_token = prefill.model.per_token_s()
+    ttft_remote = predict_remote(req, prefill)
+    ttft_local, gap_local = predict_local(req, decode, per_token)
+
+    def out(path: Path, reason: str) -> Decision:
+        return Decision(path, reason, ttft_remote, ttft_local, gap_local)
+
+    if policy.mode == "never":
+        return out("local", "never")
+    if policy.skip_prefill(req.prompt_tokens, req.cached_on_decode):
+        return out("local", "short_uncached")
+    if policy.mode == "always":
+        return out("remote", "always")
+    gap_ok = decode.running_seqs == 0 or gap_local <= objectives.itl_s
+    overhead_s = prefill.model.prefill.coefficients()[0]
+    uncached_local = max(req.prompt_tokens - req.cached_on_decode, 0)
+    if gap_ok and per_token * uncached_local <= overhead_s and ttft_local <= predict_remote(req, prefill, queued=False):
+        return out("local", "short_uncached")
+    if ttft_remote <= objectives.ttft_s:
+        return out("remote", "prefill_ok")
+    if gap_ok and ttft_local < ttft_remote:
+        idle_ok = predict_remote(req, prefill, queued=False) <= objectives.ttft_s
+        return out("local", "prefill_queue" if idle_ok else "local_faster")
+    return out("remote", "decode_gap_budget" if not gap_ok else "overloaded")

@@ -10,6 +10,12 @@ DECISIONS = Counter(
     "(prefix_hit, load, no_workers, index_unavailable).",
     ["tier", "path", "reason"],
 )
+PD_DECISIONS = Counter(
+    "tandem_pd_decisions",
+    "The P/D decider's verdicts (router/routing/decider.py) by path (remote | local) and reason "
+    "(short_uncached, prefill_ok, prefill_queue, local_faster, decode_gap_budget, overloaded, always, never).",
+    ["tier", "path", "reason"],
+)
 PREDICTED_HIT_TOKENS = Counter(
     "tandem_routing_predicted_hit_tokens",
     "Prompt tokens the router predicted to be cached on the engine it chose.",
@@ -25,7 +31,9 @@ DECISION_SECONDS = Histogram(
 )
 KV_EVENTS = Counter(
     "tandem_kv_events",
-    "KV-event stream handling: batch applied, gap, replayed, reset, index_down.",
+    "KV-event stream handling: batch applied, gap, replayed, reset, index_down, malformed (a frame "
+    "skipped), rebuild (a worker's entries refilled from the replay buffer), restarted (a dead "
+    "subscriber thread replaced).",
     ["kind"],
 )
 INDEX_ERRORS = Counter(

@@ -4,12 +4,16 @@ Lifecycle and call order:
 1. `KVRouter(...)` in the gateway's constructor; it starts nothing.
 2. `await route(request)` per request: syncs KV-event subscribers with the live workers
    (throttled), hashes the prompt per cache layout, looks the hashes up in the PrefixIndex,
-   picks the decode worker, asks the PDDecider whether a remote prefill is worth it, picks
-   the prefill worker, counts the decision. Never raises for routing reasons: an index that
+   picks the decode worker and the prefill worker, asks the decider (decider.py) whether
+   the remote prefill is worth it from both engines' live state and cost models, counts the
+   decision and its reason. Never raises for routing reasons: an index that
    cannot answer (Redis down, slow) means load-only routing, no workers known means "let
    Serve choose".
 3. `dispatch(decision.prefill / decision.decode, request_id)` as a context manager around
-   each hop: pins the request to the chosen replica and counts it in flight.
+   each hop: pins the request to the chosen replica and counts it in flight. Around a
+   prefill hop it also counts the prompt's uncached tokens as queued on that replica and
+   times the hop: with nothing of this gateway's queued ahead of it, one observation for
+   that engine's prefill cost model.
 4. `close()` once: stops the subscribers and the index client.
 """
 
@@ -27,7 +31,8 @@ from router.hashing import DEFAULT_SEED, BlockHasher
 from router.kv_events import KVEventSubscriber
 from router.prefix_index import IndexUnavailable, PrefixIndex
 from router.routing import metrics
-from router.routing.decider import PDDecider
+from router.routing.cost_model import EngineCostModel
+from router.routing.decider import DecodeView, Objectives, PDDecider, PrefillView, RequestView, decide
 from router.routing.directory import PoolDirectory
 from router.routing.pipeline import pick
 from router.routing.types import Pick, RouteContext, RouteDecision, Worker
@@ -36,6 +41,10 @@ log = logging.getLogger(__name__)
 
 INDEX_TIMEOUT_S = 0.25
 SYNC_PERIOD_S = 0.5
+DEFAULT_OBJECTIVES = Objectives(ttft_s=1.0, itl_s=0.1)  # cluster/config.py SLOConfig's defaults
+DEFAULT_CHUNK_BUDGET = 2048  # vLLM's max_num_batched_tokens when unset (chunked prefill on, its default)
+OUTLIER_FACTOR = 3.0
+MAX_PENDING = 10_000  # remote decisions whose prefill hop has not started (cancelled ones age out)
 
 
 def worker_from(info, tier: str, pool: str, deployment: str, in_flight: int) -> Worker:
@@ -59,7 +68,9 @@ class KVRouter:
     def __init__(self, *, directories: Mapping[tuple[str, str], PoolDirectory], index: Optional[PrefixIndex],
                  weights: Mapping[str, float], decider: PDDecider, subscribe: bool = True,
                  rng: Optional[random.Random] = None, clock: Callable[[], float] = time.monotonic,
-                 picker: str = "max_score"):
+                 picker: str = "max_score", objectives: Optional[Mapping[str, Objectives]] = None,
+                 chunk_budgets: Optional[Mapping[str, int]] = None,
+                 timer: Callable[[], float] = time.perf_counter):
         # directories: (tier, pool) → the PoolDirectory of that deployment ("interactive", "prefill").
         self._directories = dict(directories)
         self._index = index
@@ -73,6 +84,15 @@ class KVRouter:
         self._in_flight: dict[str, int] = {}
         self._subscribers: dict[str, KVEventSubscriber] = {}
         self._last_sync = float("-inf")
+        # The decider's inputs: tier → objectives and decode chunk budget; worker_id → its cost
+        # model (replaced on each observation) and its last step report seen.
+        self._objectives = dict(objectives or {})
+        self._chunk_budgets = dict(chunk_budgets or {})
+        self._timer = timer
+        self._models: dict[str, EngineCostModel] = {}
+        self._step_reports: dict[str, tuple] = {}
+        self._queued_tokens: dict[str, int] = {}  # prefill replica_id → this gateway's uncached tokens on it
+        self._pending: dict[str, int] = {}  # request_id → uncached prefill tokens, until its hop starts
 
     # -- workers and their event streams ---------------------------------------------------
 
@@ -97,6 +117,11 @@ class KVRouter:
                 if endpoint and info.stats.get("worker_id"):
                     live[info.stats["worker_id"]] = (endpoint, info.stats.get("kv_replay"))
         for worker_id, (endpoint, replay) in live.items():
+            old = self._subscribers.get(worker_id)
+            if old is not None and old.crashed:  # its thread died: follow the worker anew
+                log.warning("KV event subscriber of %s had stopped; restarting it", worker_id)
+                metrics.KV_EVENTS.labels(kind="restarted").inc()
+                del self._subscribers[worker_id]
             if worker_id not in self._subscribers:
                 sub = KVEventSubscriber(worker_id, endpoint, replay, self._index,
                                         on_event=lambda kind: metrics.KV_EVENTS.labels(kind=kind).inc())
@@ -113,7 +138,8 @@ class KVRouter:
 
     # -- the decision ------------------------------------------------------------------------
 
-    async def _matches(self, token_ids, workers: list[Worker]) -> tuple[dict[str, int], dict[str, int], bool]:
+    async def _matches(self, token_ids, workers: list[Worker],
+                       cache_salt: Optional[str] = None) -> tuple[dict[str, int], dict[str, int], bool]:
         """(blocks of the prompt per worker, leading cached blocks per worker, index answered)."""
         num_blocks: dict[str, int] = {}
         layouts: dict[tuple[int, str], list[int]] = {}
@@ -121,7 +147,7 @@ class KVRouter:
             if w.block_size:
                 key = (w.block_size, w.hash_seed or DEFAULT_SEED)
                 if key not in layouts:
-                    layouts[key] = BlockHasher(*key).hashes(token_ids)
+                    layouts[key] = BlockHasher(*key).hashes(token_ids, cache_salt)  # salted like vLLM
                 num_blocks[w.worker_id] = len(layouts[key])
         if self._index is None or not layouts:
             return num_blocks, {}, self._index is not None
@@ -147,14 +173,29 @@ class KVRouter:
         await self._sync_subscribers()
         decode_workers = self.workers(tier, "decode")
         prefill_workers = self.workers(tier, "prefill")
-        num_blocks, matches, index_ok = await self._matches(request.prompt_token_ids, decode_workers + prefill_workers)
+        num_blocks, matches, index_ok = await self._matches(request.prompt_token_ids, decode_workers + prefill_workers,
+                                                            request.cache_salt)
         ctx = RouteContext(tier=tier, prompt_tokens=len(request.prompt_token_ids),
                            num_blocks=num_blocks, matches=matches)
         decode = self._pick(decode_workers, ctx, tier, "decode")
-        decode_hit = _hit_tokens(decode, ctx)
-        skip = decode is not None and self._decider.skip_prefill(ctx.prompt_tokens, decode_hit)
-        prefill = None if skip else self._pick(prefill_workers, ctx, tier, "prefill")
-        hit = decode_hit if skip else _hit_tokens(prefill, ctx)
+        prefill = None
+        skip = False
+        if decode is not None:
+            if self._decider.mode != "never":
+                prefill = self._pick(prefill_workers, ctx, tier, "prefill")
+            verdict = self._decide(ctx, tier, decode, prefill)
+            skip = verdict.skip_prefill
+            metrics.PD_DECISIONS.labels(tier=tier, path=verdict.path, reason=verdict.reason).inc()
+            log.debug("request %s: %s (%s): ttft remote %.3f s, local %.3f s, streams' gap if local %.3f s",
+                      request.request_id, verdict.path, verdict.reason, verdict.ttft_remote_s,
+                      verdict.ttft_local_s, verdict.gap_local_s)
+        else:
+            prefill = self._pick(prefill_workers, ctx, tier, "prefill")
+        if skip:
+            prefill = None
+        elif prefill is not None:
+            self._remember_pending(request.request_id, ctx.prompt_tokens - _hit_tokens(prefill, ctx))
+        hit = _hit_tokens(decode, ctx) if skip else _hit_tokens(prefill, ctx)
         if not index_ok:
             reason = "index_unavailable"
         elif (decode if skip else prefill) is None:
@@ -169,6 +210,54 @@ class KVRouter:
         metrics.PROMPT_TOKENS.labels(tier=tier).inc(ctx.prompt_tokens)
         metrics.DECISION_SECONDS.observe(time.perf_counter() - started)
         return decision
+
+    def _decide(self, ctx: RouteContext, tier: str, decode: Pick, prefill: Optional[Pick]):
+        """The decider's frozen inputs from the chosen engines' reported stats, this gateway's
+        own queue accounting (fresher than the stats) and the cost models."""
+        d_stats = self._stats_of(decode.worker)
+        d_model = self._observe_step(decode.worker.worker_id, d_stats)
+        running = max(int(d_stats.get("running_seqs", 0)), decode.worker.in_flight)
+        decode_view = DecodeView(running_seqs=running,
+                                 chunk_budget_tokens=self._chunk_budgets.get(tier, DEFAULT_CHUNK_BUDGET),
+                                 model=d_model)
+        if prefill is None:  # none known yet: an idle engine of the prior model
+            prefill_view = PrefillView(queued_tokens=0)
+        else:
+            p_stats = self._stats_of(prefill.worker)
+            queued = max(int(p_stats.get("queued_prompt_tokens", 0)),
+                         self._queued_tokens.get(prefill.worker.replica_id, 0))
+            prefill_view = PrefillView(queued_tokens=queued,
+                                       model=self._models.get(prefill.worker.worker_id, EngineCostModel()))
+        req = RequestView(prompt_tokens=ctx.prompt_tokens, cached_on_decode=_hit_tokens(decode, ctx),
+                          cached_on_prefill=_hit_tokens(prefill, ctx))
+        return decide(self._decider, req, prefill_view, decode_view,
+                      self._objectives.get(tier, DEFAULT_OBJECTIVES))
+
+    def _stats_of(self, worker: Worker) -> Mapping:
+        directory = self._directories.get((worker.tier, worker.pool))
+        for info in directory.replicas() if directory is not None else ():
+            if info.replica_id == worker.replica_id:
+                return info.stats
+        return {}
+
+    def _observe_step(self, worker_id: str, stats: Mapping) -> EngineCostModel:
+        """Feed a decode engine's step report to its model, once per new report."""
+        model = self._models.get(worker_id, EngineCostModel())
+        report = (stats.get("running_seqs"), stats.get("step_s"), stats.get("step_n"))
+        if report[1] is not None and report != self._step_reports.get(worker_id):
+            self._step_reports[worker_id] = report
+            model = model.observe_step(float(report[0] or 0), float(report[1]))
+            self._models[worker_id] = model
+        return model
+
+    def _remember_pending(self, request_id: str, uncached_tokens: int) -> None:
+        self._pending[request_id] = max(uncached_tokens, 0)
+        while len(self._pending) > MAX_PENDING:
+            self._pending.pop(next(iter(self._pending)))
+
+    def cost_model(self, worker_id: str) -> EngineCostModel:
+        """The engine's cost model as calibrated so far (the prior when never observed)."""
+        return self._models.get(worker_id, EngineCostModel())
 
     def _pick(self, workers: list[Worker], ctx: RouteContext, tier: str, pool: str) -> Optional[Pick]:
         turn = self._turns.get((tier, pool), 0)
@@ -185,15 +274,29 @@ class KVRouter:
         directory = self._directories[(worker.tier, worker.pool)]
         directory.pin(request_id, worker.replica_id)
         self._in_flight[worker.replica_id] = self._in_flight.get(worker.replica_id, 0) + 1
+        tokens = self._pending.pop(request_id, None) if worker.pool == "prefill" else None
+        if tokens is not None:
+            ahead = self._queued_tokens.get(worker.replica_id, 0)
+            self._queued_tokens[worker.replica_id] = ahead + tokens
+            hop_started = self._timer()
         try:
             yield
         finally:
             directory.unpin(request_id)
-            left = self._in_flight.get(worker.replica_id, 1) - 1
-            if left > 0:
-                self._in_flight[worker.replica_id] = left
-            else:
-                self._in_flight.pop(worker.replica_id, None)
+            _release(self._in_flight, worker.replica_id, 1)
+            if tokens is not None:
+                _release(self._queued_tokens, worker.replica_id, tokens)
+        # A clean sample: the hop returned (disagg.py catches its failures inside) and queued
+        # behind none of this gateway's prompts (those ahead were partly computed already, so
+        # counting them whole would bias the fit's intercept towards 0).
+        if tokens is not None and ahead == 0:
+            seconds = self._timer() - hop_started
+            model = self._models.get(worker.worker_id, EngineCostModel())
+            # A timed-out or failed hop (disagg.py catches those inside the hop) is not a
+            # prefill time: one observation moves the model at most 3x from its prediction.
+            predicted = model.prefill_s(tokens)
+            seconds = min(max(seconds, predicted / OUTLIER_FACTOR), predicted * OUTLIER_FACTOR)
+            self._models[worker.worker_id] = model.observe_prefill(tokens, seconds)
 
     def close(self) -> None:
         for sub in self._subscribers.values():
@@ -201,6 +304,14 @@ class KVRouter:
         self._subscribers.clear()
         if self._index is not None:
             self._index.close()
+
+
+def _release(counts: dict[str, int], key: str, amount: int) -> None:
+    left = counts.get(key, 0) - amount
+    if left > 0:
+        counts[key] = left
+    else:
+        counts.pop(key, None)
 
 
 def _hit_tokens(chosen: Optional[Pick], ctx: RouteContext) -> int:

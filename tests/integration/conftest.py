@@ -29,33 +29,52 @@ RAY_PORT = 6391  # GCS of the two-node test cluster; not Ray's default, to stay 
 METRICS_PORTS = {"head": 8766, "worker": 8767}
 # Each node's own custom resource; a pool asks for 1 per replica (placement.resources).
 NODE_RESOURCES = {"head": {"node_prefill": 8}, "worker": {"node_decode": 8}}
+DASHBOARD_AGENT_PORT_WORKER = 52366  # the head's is Ray's default, 52365
 
 
-def _ray(*args: str) -> None:
-    from cluster.local import LOCAL_RAY_ENV
+RAY_TOKEN = TEST_STATE / "ray_auth_token"  # Ray's token auth is on, as for `tandem run`
+# `ray start` for the worker node, on loopback like the head: Ray refuses a worker node while
+# RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 (which keeps 127.0.0.1 as the node address), and with it
+# on rewrites 127.0.0.1 to this machine's address, where every Ray port listens on all
+# interfaces. This is Ray's own CLI with that one rewrite left out.
+_LOOPBACK_RAY_START = (
+    "import sys; from ray._private import services; "
+    "services.resolve_ip_for_localhost = lambda host: host; "
+    "from ray.scripts.scripts import main; sys.exit(main())"
+)
 
-    ray_cli = str(Path(sys.executable).parent / "ray")
-    # LOCAL_RAY_ENV's RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 also refuses a second node. With it
-    # on, both nodes register with this machine's IP (Ray rewrites 127.0.0.1), which is fine.
-    env = {**os.environ, **LOCAL_RAY_ENV, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "1",
+
+def _ray(*args: str, worker_node: bool = False) -> None:
+    from cluster.local import LOCAL_RAY_ENV, ensure_ray_token, ray_auth_env
+
+    env = {**os.environ, **LOCAL_RAY_ENV, **ray_auth_env(ensure_ray_token(RAY_TOKEN)),
            # Metrics reach the export port within 1 s instead of 10: tests poll for them.
            "RAY_metrics_report_interval_ms": "1000"}
-    done = subprocess.run([ray_cli, *args], env=env, capture_output=True, text=True, timeout=120)
+    if worker_node:
+        env["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "1"
+        cmd = [sys.executable, "-c", _LOOPBACK_RAY_START, *args]
+    else:
+        cmd = [str(Path(sys.executable).parent / "ray"), *args]
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
     if done.returncode != 0:
         raise RuntimeError(f"`ray {' '.join(args)}` failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
 
 
 @pytest.fixture(scope="session")
 def ray_address():
-    """A two-node Ray cluster (`ray start` head + worker on this machine); stopped at the end."""
+    """A two-node Ray cluster (`ray start` head + worker on this machine, both on 127.0.0.1,
+    token auth on); stopped at the end."""
     address = f"127.0.0.1:{RAY_PORT}"
-    common = ["--num-cpus=1", "--object-store-memory=200000000", "--disable-usage-stats"]
+    common = ["--node-ip-address=127.0.0.1", "--num-cpus=1", "--object-store-memory=200000000",
+              "--disable-usage-stats"]
     try:
         _ray("start", "--head", f"--port={RAY_PORT}", "--include-dashboard=false",
              f"--metrics-export-port={METRICS_PORTS['head']}",
              f"--resources={json.dumps(NODE_RESOURCES['head'])}", *common)
+        # Both nodes share 127.0.0.1: the worker's dashboard agent needs a port of its own.
         _ray("start", f"--address={address}", f"--metrics-export-port={METRICS_PORTS['worker']}",
-             f"--resources={json.dumps(NODE_RESOURCES['worker'])}", *common)
+             f"--dashboard-agent-listen-port={DASHBOARD_AGENT_PORT_WORKER}",
+             f"--resources={json.dumps(NODE_RESOURCES['worker'])}", *common, worker_node=True)
         yield address
     finally:
         _ray("stop", "--force")
@@ -115,6 +134,10 @@ def integration_config(model_dir: Path, ray_address: str | None = None):
             },
             # Short, so the prefill-outage test falls back quickly.
             "kv_transfer": {"prefill_timeout_s": 5},
+            # Every request disaggregated, as the tests of the prefill hop (first token, KV
+            # transfer, prefill faults, routing) expect; the adaptive decider is unit-tested
+            # (tests/unit/test_decider*.py).
+            "routing": {"disaggregation": "always"},
             "ray": {"address": ray_address} if ray_address else {"num_cpus": 2},
         }
     )
@@ -124,7 +147,8 @@ def integration_config(model_dir: Path, ray_address: str | None = None):
 def cluster(tiny_model_dir, ray_address):
     from cluster.local import LocalCluster
 
-    local = LocalCluster(integration_config(tiny_model_dir, ray_address), cache_dir=TEST_STATE / "cache")
+    local = LocalCluster(integration_config(tiny_model_dir, ray_address), cache_dir=TEST_STATE / "cache",
+                         ray_token=RAY_TOKEN)
     local.start(ready_timeout_s=600)
     yield local
     local.stop()

@@ -64,3 +64,88 @@ def test_free_port_is_bindable():
     port = free_port("127.0.0.1")
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", port))
+
+
+def test_a_handoff_past_its_lease_is_refused():
+    from kv_transfer.handoff import KV_LEASE_S, LEASE_MARGIN_S, HandoffExpired, lease_deadline
+
+    deadline = lease_deadline(now=1000.0)
+    assert deadline == 1000.0 + KV_LEASE_S - LEASE_MARGIN_S < 1000.0 + KV_LEASE_S
+    handoff = Handoff.from_prefill("m", PARAMS, lease_deadline=deadline)
+    assert handoff.decode_params("m", now=deadline - 0.1) == PARAMS
+    with pytest.raises(HandoffExpired, match="lease ended"):
+        handoff.decode_params("m", now=deadline)
+    assert Handoff.from_prefill("m", PARAMS).decode_params("m", now=1e12) == PARAMS  # no deadline: no check
+
+
+def test_the_engines_lease_is_the_one_the_handoff_assumes():
+    from kv_transfer.handoff import KV_LEASE_S
+
+    for role in ("kv_producer", "kv_consumer"):
+        assert kv_transfer_config(KVTransferConfig(), role, on_gpu=False)["kv_connector_extra_config"][
+            "kv_lease_duration"] == KV_LEASE_S
+
+
+class _RecordingEngine:
+    def __init__(self):
+        self.params = []
+
+    async def decode(self, request, params):
+        from cluster.protocol import TokenChunk
+
+        self.params.append(params)
+        yield TokenChunk(text="x", token_ids=(1,), finish_reason="length")
+
+
+def _decode_worker():
+    from decode_workers.deployment import DecodeWorker
+
+    worker = object.__new__(DecodeWorker.func_or_class)  # the class without Serve or an engine
+    worker.model, worker.tier, worker.engine = "m", "interactive", _RecordingEngine()
+    return worker
+
+
+def test_decode_recomputes_an_expired_handoff_and_counts_it(monkeypatch):
+    import asyncio
+    import time
+
+    from cluster.protocol import EngineRequest, SamplingSettings
+    from decode_workers import deployment
+
+    counted = []
+    monkeypatch.setattr(deployment.HANDOFFS_EXPIRED, "labels", lambda **kw: type(
+        "C", (), {"inc": lambda self, n=1: counted.append(kw)})())
+    worker = _decode_worker()
+    request = EngineRequest("r", (1, 2, 3), SamplingSettings(max_tokens=1))
+
+    async def run(handoff):
+        return [c async for c in worker.generate(request, handoff)]
+
+    asyncio.run(run(Handoff.from_prefill("m", PARAMS, lease_deadline=time.time() - 1)))
+    asyncio.run(run(Handoff.from_prefill("m", PARAMS, lease_deadline=time.time() + 60)))
+    assert worker.engine.params == [None, PARAMS]  # expired: computed locally; in time: pulled
+    assert counted == [{"tier": "interactive"}]
+
+
+def test_prefill_stamps_the_lease_when_the_prefill_returns():
+    import asyncio
+    import contextlib
+    import time
+
+    from cluster.protocol import EngineRequest, PrefillResult, SamplingSettings
+    from kv_transfer.handoff import KV_LEASE_S, LEASE_MARGIN_S
+    from prefill_workers.deployment import PrefillWorker
+
+    class Engine:
+        async def prefill(self, request, first_token=False):
+            return PrefillResult(request.request_id, PARAMS, "p", 3)
+
+    class Signals:
+        def pending_prompt(self, n):
+            return contextlib.nullcontext()
+
+    worker = object.__new__(PrefillWorker.func_or_class)
+    worker.engine, worker._signals = Engine(), Signals()
+    before = time.time()
+    result = asyncio.run(worker.prefill(EngineRequest("r", (1, 2, 3), SamplingSettings(max_tokens=1))))
+    assert before + KV_LEASE_S - LEASE_MARGIN_S <= result.lease_deadline <= time.time() + KV_LEASE_S - LEASE_MARGIN_S

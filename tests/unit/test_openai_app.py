@@ -178,8 +178,8 @@ def test_models_list_and_retrieve(client_and_backend) -> None:
     assert_openai_error(client.get("/v1/models/other"), 404, param="model", code="model_not_found")
 
 
-def test_health_ready_and_not_ready(client_and_backend) -> None:
-    client, backend = client_and_backend
+def test_health_ready_and_not_ready() -> None:
+    client, backend = make_client(health_interval_s=0)  # no cache: each call sees the change
     r = client.get("/health")
     assert r.status_code == 200
     assert r.json() == {"status": "ready", "replicas": 1}

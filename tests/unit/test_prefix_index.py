@@ -113,11 +113,114 @@ def test_subscriber_resets_worker_when_gap_cannot_be_replayed(stream):
 
 def test_subscriber_stops():
     pub = FakeKVEventPublisher()
-    sub = KVEventSubscriber("w", pub.endpoint, None, MemoryPrefixIndex())
+    index = MemoryPrefixIndex()
+    kinds: list[str] = []
+    sub = KVEventSubscriber("w", pub.endpoint, None, index, on_event=kinds.append)
     sub.start()
+    while "batch" not in kinds:
+        pub.publish([])
+        time.sleep(0.02)
     sub.stop()
+    assert not sub._thread.is_alive()  # stop() joined the thread
+    assert not sub.crashed  # stopped on purpose: nothing to restart
+    pub.publish([stored(1)])
+    time.sleep(POLL_S)
+    assert index.match([1]) == {}  # nobody applies events any more
     sub.stop()  # idempotent
     pub.close()
+
+
+POLL_S = 0.3
+
+
+def test_a_malformed_payload_is_counted_skipped_and_the_entries_rebuilt(stream):
+    pub, index, kinds = stream
+    pub.publish([stored(1)])
+    pub.publish_payload(b"\xc1 not msgpack")  # in the replay buffer as garbage too
+    pub.publish([stored(3)])
+    wait_for(lambda: index.match([3]) == {"w": 1})
+    assert "malformed" in kinds and "rebuild" in kinds
+    # Events before the unreadable batch cannot be trusted (it may have removed them): gone.
+    assert index.match([1]) == {}
+    pub.publish([removed(3), stored(4)])
+    wait_for(lambda: index.match([4]) == {"w": 1})
+    assert index.match([3]) == {}  # the subscriber carries on in order after the bad frame
+
+
+@pytest.mark.parametrize("frames", [[b"only-one-part"], [b"", b"short", b"x"], [b"", (5).to_bytes(8, "big")],
+                                    [b"", (10**9).to_bytes(8, "big"), b"\xc1 garbage with a far-off seq"]])
+def test_a_malformed_message_rebuilds_the_entries_from_the_replay(stream, frames):
+    pub, index, kinds = stream
+    pub.publish([stored(1)])
+    wait_for(lambda: index.match([1]) == {"w": 1})
+    kinds.clear()  # joining the stream may have had a gap of its own
+    pub.publish([stored(2)], drop=True)  # lost on the wire, in the buffer
+    pub.send_raw(frames)
+    wait_for(lambda: index.match([1, 2]) == {"w": 2})  # the rebuild replayed the buffer
+    assert "malformed" in kinds and "rebuild" in kinds
+    pub.publish([stored(3)])
+    wait_for(lambda: index.match([1, 2, 3]) == {"w": 3})
+    assert "gap" not in kinds  # the rebuild left the subscriber at the right seq
+
+
+@pytest.mark.parametrize("payload", [
+    b"\x93\x01\x02",  # msgpack of a truncated array
+    __import__("msgspec").msgpack.encode([0.0, [{"type": "BlockStored"}], None]),  # no block_hashes
+    __import__("msgspec").msgpack.encode([0.0, [1, 2], None]),  # events that are not maps
+    __import__("msgspec").msgpack.encode({"not": "a batch"}),
+])
+def test_decode_batch_reports_every_malformed_payload_as_one_error(payload):
+    from router.kv_events import MalformedFrame
+
+    with pytest.raises(MalformedFrame):
+        decode_batch("w", payload)
+
+
+class ExplodingIndex(MemoryPrefixIndex):
+    """A bug in the index (not IndexUnavailable) kills the subscriber thread once."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.explode = False
+
+    def apply(self, events):
+        if self.explode:
+            self.explode = False
+            raise RuntimeError("index bug")
+        return super().apply(events)
+
+
+def test_router_restarts_a_dead_subscriber():
+    import asyncio
+    import random
+
+    from cluster.protocol import EngineRequest, SamplingSettings
+    from router.routing.decider import PDDecider
+    from router.routing.directory import PoolDirectory, ReplicaInfo
+    from router.routing.service import KVRouter
+
+    pub = FakeKVEventPublisher()
+    index = ExplodingIndex()
+    prefill = PoolDirectory()
+    router = KVRouter(directories={("interactive", "prefill"): prefill}, index=index, weights={"prefix": 1.0},
+                      decider=PDDecider(0), rng=random.Random(0), clock=iter(range(0, 10**6, 10)).__next__)
+    req = EngineRequest("r", tuple(range(8)), SamplingSettings(max_tokens=1))
+    worker = "interactive-prefill-p1"
+    try:
+        prefill.set_replicas([ReplicaInfo("p1", 4, {"worker_id": worker, "block_size": 4,
+                                                    "kv_events": pub.endpoint, "kv_replay": pub.replay_endpoint})])
+        asyncio.run(router.route(req, "interactive"))
+        first = router._subscribers[worker]
+        wait_for(lambda: (pub.publish([stored(1)]), index.match([1]) == {worker: 1})[1])
+        index.explode = True
+        wait_for(lambda: (pub.publish([stored(2)]), first.crashed)[1])
+        asyncio.run(router.route(req, "interactive"))  # the next sync replaces it
+        second = router._subscribers[worker]
+        assert second is not first and not second.crashed
+        wait_for(lambda: (pub.publish([stored(9)]), index.match([9]) == {worker: 1})[1])
+    finally:
+        router.close()
+        pub.close()
 
 
 def test_router_follows_workers_that_join_and_forgets_those_that_leave():

@@ -93,7 +93,7 @@ provides filled in where the user left it unset (see values.yaml).
 {{- end -}}
 {{- $_ := set $index "redis_url" $url -}}
 {{- end -}}
-{{- if and .Values.redis.passwordSecret.name (not $index.redis_password) (not $index.redis_password_env) -}}
+{{- if and (include "tandem.redisPasswordSecret" .) (not $index.redis_password) (not $index.redis_password_env) -}}
 {{- $_ := set $index "redis_password_env" "TANDEM_REDIS_PASSWORD" -}}
 {{- end -}}
 {{- $_ := set $routing "index" $index -}}
@@ -103,10 +103,32 @@ provides filled in where the user left it unset (see values.yaml).
 {{- end -}}
 
 {{/*
-Environment of every Ray container: API keys and the Redis password from their Secrets, and
-the KV transfer extras.
+Environment of every Ray container: Ray's token auth (KubeRay's documented variables, set here
+too so that Ray enforces it whatever the operator version) and the KV transfer extras. No
+secrets of tandem's own: those are in tandem.gatewayEnv, on the head only.
 */}}
 {{- define "tandem.env" -}}
+- name: RAY_AUTH_MODE
+  value: token
+- name: RAY_AUTH_TOKEN
+  valueFrom:
+    secretKeyRef:
+      name: {{ include "tandem.rayAuthSecret" . }}
+      key: auth_token
+{{- range $name, $value := .Values.kvTransfer.env }}
+- name: {{ $name }}
+  value: {{ $value | quote }}
+{{- end }}
+- name: RAY_USAGE_STATS_ENABLED
+  value: "0"
+{{- end -}}
+
+{{/*
+Environment only the head gets: API keys and the Redis password from their Secrets. The
+gateway, the one deployment that reads them, is pinned to the head (tandem.gatewayResource);
+engines on worker pods never see them.
+*/}}
+{{- define "tandem.gatewayEnv" -}}
 {{- $auth := .Values.cluster.auth | default dict -}}
 {{- range $key := $auth.keys | default list -}}
 {{- if $key.env }}
@@ -117,19 +139,56 @@ the KV transfer extras.
       key: {{ $key.env }}
 {{- end -}}
 {{- end -}}
-{{- with .Values.redis.passwordSecret }}{{- if .name }}
+{{- with (include "tandem.redisPasswordSecret" .) }}
 - name: TANDEM_REDIS_PASSWORD
   valueFrom:
     secretKeyRef:
-      name: {{ .name }}
-      key: {{ .key }}
-{{- end }}{{- end }}
-{{- range $name, $value := .Values.kvTransfer.env }}
-- name: {{ $name }}
-  value: {{ $value | quote }}
+      name: {{ . }}
+      key: {{ $.Values.redis.passwordSecret.key }}
 {{- end }}
-- name: RAY_USAGE_STATS_ENABLED
-  value: "0"
+{{- end -}}
+
+{{/* The Secret holding Ray's auth token (key auth_token): the user's, or the chart's. */}}
+{{- define "tandem.rayAuthSecret" -}}
+{{- .Values.rayAuth.existingSecret | default (printf "%s-ray-auth" (include "tandem.fullname" .)) -}}
+{{- end -}}
+
+{{/* The Secret holding the Redis password: the user's; for the built-in Redis without one,
+the chart's; "" for an external Redis without a password. */}}
+{{- define "tandem.redisPasswordSecret" -}}
+{{- if .Values.redis.passwordSecret.name -}}
+{{- .Values.redis.passwordSecret.name -}}
+{{- else if .Values.redis.builtin -}}
+{{- printf "%s-redis" (include "tandem.fullname" .) -}}
+{{- end -}}
+{{- end -}}
+
+{{/*
+A generated secret value, base64: the one already in the Secret `name` under `key` (helm
+lookup, so upgrades keep it), else `length` random characters. Offline (helm template) lookup
+finds nothing and every render makes a new one.
+*/}}
+{{- define "tandem.generatedSecret" -}}
+{{- $existing := lookup "v1" "Secret" .root.Release.Namespace .name -}}
+{{- if and $existing (hasKey ($existing.data | default dict) .key) -}}
+{{- index $existing.data .key -}}
+{{- else -}}
+{{- randAlphaNum (int .length) | b64enc -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The Ray custom resource only the head advertises; the Gateway deployment asks for it. */}}
+{{- define "tandem.gatewayResource" -}}tandem-gateway{{- end -}}
+
+{{/* Peers that are Ray pods of this release (head or worker), for the NetworkPolicies. */}}
+{{- define "tandem.rayPeers" -}}
+- podSelector:
+    matchLabels:
+      {{- include "tandem.selectorLabels" . | nindent 6 }}
+    matchExpressions:
+      - key: {{ include "tandem.componentKey" . }}
+        operator: In
+        values: [ray-head, ray-worker]
 {{- end -}}
 
 {{/* Volumes and mounts of every Ray pod: the model and /dev/shm. */}}
@@ -158,11 +217,19 @@ the KV transfer extras.
 {{- if .Values.model.prepare }}
 initContainers:
   - name: prepare-model
-    image: "{{ .Values.image.repository }}:{{ .Values.image.tag }}"
+    image: {{ include "tandem.image" . }}
     imagePullPolicy: {{ .Values.image.pullPolicy }}
     command: ["tandem", "prepare-model", "--dest", {{ .Values.cluster.model.path | quote }}]
     volumeMounts:
       - name: models
         mountPath: /models
 {{- end }}
+{{- end -}}
+
+{{/*
+The image of every Ray pod: image.repository, tagged image.tag or else the chart's appVersion
+(deploy/docker builds ghcr.io/tandem/tandem:<appVersion> for GPUs and tandem-cpu for CPUs).
+*/}}
+{{- define "tandem.image" -}}
+{{- printf "%s:%s" .Values.image.repository (.Values.image.tag | default .Chart.AppVersion) -}}
 {{- end -}}

@@ -1,0 +1,100 @@
+"""Adaptive disaggregation on the real engines: with the prefill engines idle, long prompts go
+remote; a burst that queues the prefill engines sends some requests local (prefilled on the
+decode engine) and fails none.
+
+The session cluster's gateway runs `routing.disaggregation: always` (the other tests check
+the prefill hop), so, like test_faults_redis.py, this test builds the gateway's request path
+in the test process: an adaptive KVRouter and a DisaggregatedBackend over the real Serve
+handles of the interactive pools (real prefill, NIXL, decode). Its cost models start from
+their prior and calibrate on the idle requests' hops; the decisions are recorded by wrapping
+the pure `decide` the router calls, and counted by reason.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+import uuid
+from collections import Counter
+
+import pytest
+
+from cluster.protocol import EngineRequest, SamplingSettings, TierPools
+from router.disagg import DisaggregatedBackend
+from router.routing import service
+from router.routing.decider import Objectives, PDDecider
+from router.routing.directory import pool_directory
+from router.routing.service import KVRouter
+from tests.integration.conftest import MAX_MODEL_LEN, MODEL_NAME
+
+pytestmark = pytest.mark.integration
+
+TIER = "interactive"
+LONG = 448  # tokens: near max_model_len (512), room for the answer
+BURST = 16
+
+
+def engine_request(rng: random.Random) -> EngineRequest:
+    prompt = tuple(rng.randrange(5, 250) for _ in range(LONG))  # fresh: nothing cached anywhere
+    return EngineRequest(f"adaptive-{uuid.uuid4()}", prompt,
+                         SamplingSettings(max_tokens=4, temperature=0, ignore_eos=True), tier=TIER)
+
+
+async def complete(backend: DisaggregatedBackend, request: EngineRequest) -> str:
+    finish = None
+    async for chunk in backend.generate(request):
+        finish = chunk.finish_reason or finish
+    return finish
+
+
+def test_idle_long_prompts_go_remote_and_a_burst_spills_some_to_decode(base_url, monkeypatch):
+    from ray import serve
+
+    verdicts = []
+    real_decide = service.decide
+
+    def recording(*args, **kwargs):
+        verdict = real_decide(*args, **kwargs)
+        verdicts.append(verdict)
+        return verdict
+
+    monkeypatch.setattr(service, "decide", recording)
+    dirs = {(TIER, pool): pool_directory("tandem", f"{TIER}-{pool}") for pool in ("prefill", "decode")}
+    handles = TierPools(prefill=serve.get_deployment_handle(f"{TIER}-prefill", app_name="tandem"),
+                        decode=serve.get_deployment_handle(f"{TIER}-decode", app_name="tandem"))
+    router = KVRouter(directories=dirs, index=None, weights={"load": 1.0}, decider=PDDecider(mode="adaptive"),
+                      subscribe=False, objectives={TIER: Objectives(ttft_s=2.0, itl_s=0.5)})
+    backend = DisaggregatedBackend(model_id=MODEL_NAME, max_model_len=MAX_MODEL_LEN, tokenizer=None,
+                                   pools={TIER: handles}, default_tier=TIER, prefill_timeout_s=60, router=router)
+    try:
+        asyncio.run(scenario(backend, router, handles, verdicts))
+    finally:
+        router.close()
+
+
+async def scenario(backend, router, handles, verdicts) -> None:
+    rng = random.Random(time.time_ns())
+    # This process's Serve routers publish the replicas and their routing stats once in use.
+    await handles.prefill.stats.remote()
+    await handles.decode.stats.remote()
+    deadline = time.monotonic() + 60
+    while not (len(router.workers(TIER, "prefill")) == 2 and router.workers(TIER, "decode")):
+        assert time.monotonic() < deadline, "the Serve routers did not publish both pools"
+        await asyncio.sleep(0.25)
+
+    # Idle prefill engines: long prompts, one at a time, go remote.
+    for _ in range(3):
+        assert await complete(backend, engine_request(rng)) == "length"
+    idle = [(v.path, v.reason) for v in verdicts]
+    assert idle == [("remote", "prefill_ok")] * 3, idle
+
+    await asyncio.sleep(2.5)  # decode idle again in its reported stats
+    verdicts.clear()
+    finishes = await asyncio.gather(*(complete(backend, engine_request(rng)) for _ in range(BURST)))
+    assert finishes == ["length"] * BURST  # none failed, local or remote
+    counts = Counter((v.path, v.reason) for v in verdicts)
+    print("burst decisions:", dict(counts))
+    local = {reason: n for (path, reason), n in counts.items() if path == "local"}
+    assert local and set(local) <= {"prefill_queue", "local_faster"}, counts
+    assert counts[("remote", "prefill_ok")] >= 2, counts  # the first ones found the prefill engines idle

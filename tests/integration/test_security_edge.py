@@ -20,6 +20,7 @@ import pytest
 
 from cluster.protocol import EngineRequest, SamplingSettings
 from kv_transfer.handoff import Handoff
+from tests.integration.test_faults_kv_transfer import decode_text
 from tests.integration.conftest import GATEWAY_PORT, MODEL_NAME, metric, replica_stats, wait_for_metric
 
 pytestmark = pytest.mark.integration
@@ -287,15 +288,6 @@ def test_a_malformed_kv_frame_is_counted_and_the_index_rebuilt(base_url):
         relay.close()
 
 
-def _decode(decode, request: EngineRequest, handoff: Optional[Handoff]) -> tuple[tuple[int, ...], str]:
-    ids: list[int] = []
-    text = ""
-    for chunk in decode.options(stream=True).generate.remote(request, handoff):
-        ids += chunk.token_ids
-        text += chunk.text
-    return tuple(ids), text
-
-
 def test_a_handoff_past_its_lease_is_recomputed_never_pulled(base_url):
     from ray import serve
 
@@ -310,9 +302,9 @@ def test_a_handoff_past_its_lease_is_recomputed_never_pulled(base_url):
     expired = Handoff.from_prefill(MODEL_NAME, result.kv_transfer_params, lease_deadline=time.time() - 1)
     counted = metric("ray_tandem_handoffs_expired_total", tier="interactive")
     before = next(iter(replica_stats(DECODE, 1).values()))
-    ids, text = _decode(decode, request, expired)
+    ids, text = decode_text(decode, request, expired)
     after = next(iter(replica_stats(DECODE, 1).values()))
-    expected = _decode(decode, EngineRequest(f"lease-ref-{uuid.uuid4()}", prompt, sampling), None)
+    expected = decode_text(decode, EngineRequest(f"lease-ref-{uuid.uuid4()}", prompt, sampling), None)
     assert (ids, text) == expected and len(ids) == 8  # the request's own answer
     assert after.prompt_tokens_transferred == before.prompt_tokens_transferred  # nothing pulled
     wait_for_metric("ray_tandem_handoffs_expired_total", counted + 1, tier="interactive")
@@ -333,7 +325,7 @@ def test_two_tenants_salts_keep_their_prefix_caches_apart(base_url):
     def cached_tokens(salt: Optional[str]) -> float:
         before = next(iter(replica_stats(DECODE, 1).values())).prompt_tokens_cached
         request = EngineRequest(f"tenant-{uuid.uuid4()}", prompt, SamplingSettings(max_tokens=1), cache_salt=salt)
-        _decode(decode, request, None)
+        decode_text(decode, request, None)
         return next(iter(replica_stats(DECODE, 1).values())).prompt_tokens_cached - before
 
     a, b = cache_salt("tenant-a"), cache_salt("tenant-b")

@@ -14,8 +14,7 @@ it merged into one item. So:
   at once, which is what aborts the request in the engine;
 - an error of the source reaches the reader after the items read before it.
 
-Used by the decode replica over the engine's TokenChunks (decode_workers/) and by the edge
-over SSE bytes (router/openai/streaming.py).
+Used by the decode replica over the engine's RequestOutputs (decode_workers/).
 """
 
 from __future__ import annotations

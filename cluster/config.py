@@ -76,6 +76,9 @@ class ModelConfig(_Strict):
     # vLLM tool parser for `tools` (e.g. hermes, llama3_json, mistral, pythonic); the gateway
     # checks the name at start. None: requests that may call tools get a 400.
     tool_parser: Optional[str] = Field(None, pattern=r"^[A-Za-z0-9_.-]+$")
+    # vLLM reasoning parser (e.g. deepseek_r1, qwen3): splits the model's reasoning from its
+    # answer (`reasoning` in responses, streamed), as `vllm serve --reasoning-parser` does.
+    reasoning_parser: Optional[str] = Field(None, pattern=r"^[A-Za-z0-9_.-]+$")
 
     @property
     def hub_id(self) -> Optional[str]:

@@ -4,7 +4,7 @@ Lifecycle and call order:
 1. `VLLMEngine(spec)` sets this process's engine environment (core binding, NIXL side
    channel, UCX), then builds the AsyncLLM; it returns once the EngineCore child is up.
 2. `prefill(request)` (producer role) and `decode(request, kv_transfer_params)` may be called
-   any number of times, concurrently. `decode` is an async generator of TokenChunks; closing
+   any number of times, concurrently. `decode` is an async generator of vLLM RequestOutputs; closing
    it early aborts the request inside vLLM.
 3. `abort(request_id)` at any time; unknown ids are ignored.
 4. `stats()` at any time: counters read from vLLM's own Prometheus metrics in this process.
@@ -17,22 +17,12 @@ from __future__ import annotations
 import json
 import logging
 import os
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, AsyncIterator, Optional
 
 from cluster.config import EngineConfig, KVTransferConfig
-from cluster.protocol import (
-    EngineRequest,
-    InvalidEngineRequest,
-    PrefillResult,
-    SamplingSettings,
-    StructuredOutput,
-    TokenChunk,
-    TokenLogprob,
-    TopLogprob,
-    merge_chunks,
-)
+from cluster.protocol import EngineRequest, InvalidEngineRequest, PrefillResult, merge_outputs
 from kv_transfer.handoff import prefill_request_params
 from cluster.vllm_plugin import ENGINE_NICE
 from kv_transfer.nixl import KVRole, NixlEndpoint, kv_transfer_config, nixl_env
@@ -72,6 +62,7 @@ class EngineSpec:
     # Publish KV-cache events, bound on this address (the node's cluster address: 127.0.0.1
     # locally, the pod IP on Kubernetes); None: no events.
     kv_events_host: Optional[str] = None
+    reasoning_parser: Optional[str] = None  # model.reasoning_parser: structured outputs start after reasoning
 
 
 @dataclass(frozen=True)
@@ -122,15 +113,21 @@ def engine_environment(spec: EngineSpec) -> dict[str, str]:
     return env
 
 
-def engine_levers(eng: EngineConfig) -> dict[str, Any]:
+def structured_outputs_config(eng: EngineConfig, reasoning_parser: Optional[str] = None) -> dict[str, Any]:
+    """vLLM's StructuredOutputsConfig of a pool; the gateway checks requests against the same."""
+    config: dict[str, Any] = {"backend": eng.structured_outputs_backend,
+                              "disable_any_whitespace": eng.json_disable_whitespace}
+    if reasoning_parser:
+        config["reasoning_parser"] = reasoning_parser
+    return config
+
+
+def engine_levers(eng: EngineConfig, reasoning_parser: Optional[str] = None) -> dict[str, Any]:
     """The optional vLLM engine arguments of a pool; only those set, so vLLM keeps its defaults."""
     args: dict[str, Any] = {
         "kv_cache_dtype": eng.kv_cache_dtype,
         "tensor_parallel_size": eng.tensor_parallel_size,
-        "structured_outputs_config": {
-            "backend": eng.structured_outputs_backend,
-            "disable_any_whitespace": eng.json_disable_whitespace,
-        },
+        "structured_outputs_config": structured_outputs_config(eng, reasoning_parser),
     }
     if eng.enable_chunked_prefill is not None:
         args["enable_chunked_prefill"] = eng.enable_chunked_prefill
@@ -141,35 +138,24 @@ def engine_levers(eng: EngineConfig) -> dict[str, Any]:
     return args
 
 
-def _sampling_params(settings: SamplingSettings, *, max_tokens: int, kv_params: Optional[dict[str, Any]],
+def _sampling_params(request: EngineRequest, *, max_tokens: int, kv_params: Optional[dict[str, Any]],
                      prefill: bool = False):
-    """vLLM SamplingParams of a request. For the prefill hop (`prefill=True`) the
-    decoding-time extras are dropped: its one token is discarded and the prompt's KV does
-    not depend on them, so compiling a grammar or computing logprobs there is waste. The
-    decode engine applies them from its first token, after the KV pull."""
-    from vllm import SamplingParams
+    """The request's own SamplingParams (vLLM's serving code made them) for one hop: its
+    max_tokens, DELTA outputs, the KV handoff. `prefill`: the sampled token is discarded, so
+    what only shapes output (logprobs, a decoding constraint) is left out."""
     from vllm.sampling_params import RequestOutputKind
 
-    extra_args = {"kv_transfer_params": kv_params} if kv_params is not None else None
-    return SamplingParams(
-        max_tokens=max_tokens,
-        temperature=settings.temperature,
-        top_p=settings.top_p,
-        top_k=settings.top_k,
-        min_p=settings.min_p,
-        seed=settings.seed,
-        stop=list(settings.stop) or None,
-        stop_token_ids=list(settings.stop_token_ids) or None,
-        ignore_eos=settings.ignore_eos,
-        min_tokens=min(settings.min_tokens, max_tokens),
-        presence_penalty=settings.presence_penalty,
-        frequency_penalty=settings.frequency_penalty,
-        repetition_penalty=settings.repetition_penalty,
-        logprobs=None if prefill else settings.logprobs,
-        structured_outputs=None if prefill else _structured_outputs(settings.structured),
-        output_kind=RequestOutputKind.DELTA,
-        extra_args=extra_args,
-    )
+    params = request.sampling.clone()
+    params.max_tokens = max_tokens
+    params.min_tokens = min(params.min_tokens, max_tokens)
+    params.output_kind = RequestOutputKind.DELTA
+    params.n = 1
+    if prefill:
+        params.logprobs = None
+        params.structured_outputs = None
+    if kv_params is not None:
+        params.extra_args = {**(params.extra_args or {}), "kv_transfer_params": kv_params}
+    return params
 
 
 def _prompt(request: EngineRequest) -> dict[str, Any]:
@@ -180,30 +166,12 @@ def _prompt(request: EngineRequest) -> dict[str, Any]:
     return prompt
 
 
-def _structured_outputs(structured: Optional[StructuredOutput]):
-    if structured is None:
-        return None
-    from vllm.sampling_params import StructuredOutputsParams
-
-    if structured.kind == "json_object":
-        return StructuredOutputsParams(json_object=True)
-    if structured.kind == "choice":
-        return StructuredOutputsParams(choice=json.loads(structured.spec))
-    return StructuredOutputsParams(**{structured.kind: structured.spec})  # json, regex, grammar
-
-
-def _token_logprobs(token_ids: Any, logprobs: Any, k: int) -> tuple[TokenLogprob, ...]:
-    """vLLM's per-position {token_id: Logprob} dicts → the sampled token plus its top k."""
-    out = []
-    for token_id, entry in zip(token_ids, logprobs or ()):
-        sampled = entry[token_id]
-        top = sorted((lp for lp in entry.items() if lp[1].rank is not None and lp[1].rank <= k),
-                     key=lambda item: item[1].rank)
-        out.append(TokenLogprob(
-            token_id=token_id, token=sampled.decoded_token or "", logprob=float(sampled.logprob),
-            top=tuple(TopLogprob(tid, lp.decoded_token or "", float(lp.logprob)) for tid, lp in top),
-        ))
-    return tuple(out)
+def _lean(output: Any) -> Any:
+    """An output without its prompt, which vLLM repeats in every delta: the gateway holds the
+    prompt already, and a long one would be pickled once per token across Ray."""
+    output.prompt = None
+    output.prompt_token_ids = None
+    return output
 
 
 class VLLMEngine:
@@ -214,7 +182,7 @@ class VLLMEngine:
         from vllm.v1.engine.async_llm import AsyncLLM
 
         eng = spec.engine
-        levers = engine_levers(eng)
+        levers = engine_levers(eng, spec.reasoning_parser)
         from vllm.config import StructuredOutputsConfig
 
         levers["structured_outputs_config"] = StructuredOutputsConfig(**levers["structured_outputs_config"])
@@ -254,21 +222,31 @@ class VLLMEngine:
         sampling settings apply, kv_transfer/first_token.py) and comes back as
         `PrefillResult.first`; when it ends the answer (EOS, a stop, max_tokens 1) there may
         be no KV to hand over. Without, the token is discarded, so decoding-time extras
-        (logprobs, constraints) are left out."""
-        keep_kv = not first_token or request.sampling.max_tokens > 1
-        params = _sampling_params(request.sampling, max_tokens=1,
+        (logprobs, constraints) are left out. Prompt logprobs, when asked for, are computed
+        here and come back in `PrefillResult.prompt_logprobs`."""
+        wanted = request.sampling.max_tokens or 1
+        keep_kv = not first_token or wanted > 1
+        params = _sampling_params(request, max_tokens=1,
                                   kv_params=prefill_request_params() if keep_kv else None,
                                   prefill=not first_token)
-        final = None
-        chunks = []
-        async for output in self._generate(request, params):
-            final = output
-            chunks.append(self._chunk(request, output, sum(len(c.token_ids) for c in chunks)))
-        first = merge_chunks(chunks) if first_token and chunks else None
-        if first is not None and first.finish_reason == "length" and request.sampling.max_tokens > 1:
-            first = replace(first, finish_reason=None)  # the hop's max_tokens=1, not the answer's
-        kv_params = None if final is None or final.kv_transfer_params is None else dict(final.kv_transfer_params)
-        if kv_params is None and (first is None or first.finish_reason is None):
+        outputs = [output async for output in self._generate(request, params)]
+        if not outputs:
+            raise RuntimeError(f"prefill of {request.request_id} returned no output")
+        merged = merge_outputs(outputs)
+        prompt_logprobs = outputs[0].prompt_logprobs
+        first = None
+        if first_token:
+            first = _lean(merged)
+            first.prompt_logprobs = None
+            completion = first.outputs[0]
+            if completion.finish_reason == "length" and wanted > 1:
+                # The hop's max_tokens=1, not the answer's: the request goes on.
+                completion.finish_reason = None
+                first.finished = False
+        kv_params = None if merged.kv_transfer_params is None else dict(merged.kv_transfer_params)
+        if first is not None:
+            first.kv_transfer_params = None
+        if kv_params is None and (first is None or not first.finished):
             raise RuntimeError(f"prefill of {request.request_id} returned no kv_transfer_params")
         return PrefillResult(
             request_id=request.request_id,
@@ -276,20 +254,17 @@ class VLLMEngine:
             worker_id=self.spec.worker_id,
             num_prompt_tokens=len(request.prompt_token_ids),
             first=first,
+            prompt_logprobs=prompt_logprobs,
         )
 
     async def decode(
         self, request: EngineRequest, kv_transfer_params: Optional[dict[str, Any]]
-    ) -> AsyncIterator[TokenChunk]:
-        """Generate tokens; with kv_transfer_params the prompt's KV is pulled over NIXL first."""
-        params = _sampling_params(
-            request.sampling, max_tokens=request.sampling.max_tokens, kv_params=kv_transfer_params
-        )
-        produced = 0
+    ) -> AsyncIterator[Any]:
+        """Generate tokens as vLLM RequestOutputs (DELTA); with kv_transfer_params the prompt's
+        KV is pulled over NIXL first."""
+        params = _sampling_params(request, max_tokens=request.sampling.max_tokens, kv_params=kv_transfer_params)
         async for output in self._generate(request, params):
-            chunk = self._chunk(request, output, produced)
-            produced = chunk.num_output_tokens
-            yield chunk
+            yield _lean(output)
 
     async def _generate(self, request: EngineRequest, params: Any) -> AsyncIterator[Any]:
         from vllm.exceptions import VLLMClientError
@@ -303,25 +278,6 @@ class VLLMEngine:
             # vLLM's own request checks (e.g. a regex or JSON schema its structured-output
             # backend cannot compile): the client's error, a 400 at the edge, not a retry.
             raise InvalidEngineRequest(str(exc)) from None
-
-    @staticmethod
-    def _chunk(request: EngineRequest, output: Any, produced_before: int) -> TokenChunk:
-        """One vLLM RequestOutput (DELTA) as a TokenChunk; `produced_before`: tokens so far."""
-        completion = output.outputs[0]
-        finish = completion.finish_reason if output.finished else None
-        if output.finished and finish is None:
-            finish = "error"
-        logprobs = ()
-        if request.sampling.logprobs is not None:
-            logprobs = _token_logprobs(completion.token_ids, completion.logprobs, request.sampling.logprobs)
-        return TokenChunk(
-            text=completion.text,
-            token_ids=tuple(completion.token_ids),
-            finish_reason=finish,
-            num_prompt_tokens=len(request.prompt_token_ids),
-            num_output_tokens=produced_before + len(completion.token_ids),
-            logprobs=logprobs,
-        )
 
     async def abort(self, request_id: str) -> None:
         await self._llm.abort(request_id)

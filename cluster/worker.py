@@ -55,6 +55,11 @@ def engine_dtype(requested: str, on_gpu: bool, flags: frozenset[str]) -> str:
     return "bfloat16" if flags & _NATIVE_BF16_FLAGS else "float32"
 
 
+def engine_dtype_here(requested: str) -> str:
+    """`engine_dtype` for this host."""
+    return engine_dtype(requested, has_nvidia_gpu(), cpu_flags())
+
+
 # Addresses that bind every interface: engine sockets carry prompts (KV events hold token ids).
 _WILDCARDS = frozenset({"", "*", "0.0.0.0", "::", "[::]"})
 
@@ -110,6 +115,7 @@ def build_engine_spec(cfg: ClusterConfig, tier: str, role: KVRole) -> EngineSpec
         # The same id the router derives from the Serve replica id (router/routing/service.py).
         worker_id=f"{tier}-{pool_name}-{replica_id}",
         kv_events_host=host if cfg.routing.kv_events and pool.engine.enable_prefix_caching else None,
+        reasoning_parser=cfg.model.reasoning_parser,
     )
 
 

@@ -5,7 +5,7 @@ tokens with continuous batching."""
 from __future__ import annotations
 
 import logging
-from typing import AsyncIterator, Optional
+from typing import Any, AsyncIterator, Optional
 
 from ray import serve
 
@@ -13,7 +13,7 @@ from cluster.config import ClusterConfig
 from cluster.engine import VLLMEngine
 from cluster.coalesce import coalesced
 from cluster.serve_patch import bind_replica_grpc_on_node_address
-from cluster.protocol import EngineRequest, TokenChunk, merge_chunks
+from cluster.protocol import EngineRequest, merge_outputs
 from cluster.worker import EngineReplica, build_engine_spec
 from cluster.metrics import Counter
 from kv_transfer.handoff import Handoff, HandoffExpired, HandoffMismatch
@@ -36,7 +36,7 @@ class DecodeWorker(EngineReplica):
         self.engine = VLLMEngine(build_engine_spec(cfg, tier, "kv_consumer"))
         self.export_metrics(tier)
 
-    async def generate(self, request: EngineRequest, handoff: Optional[Handoff]) -> AsyncIterator[TokenChunk]:
+    async def generate(self, request: EngineRequest, handoff: Optional[Handoff]) -> AsyncIterator[Any]:
         params = None
         if handoff is not None:
             try:
@@ -49,5 +49,5 @@ class DecodeWorker(EngineReplica):
                 HANDOFFS_EXPIRED.labels(tier=self.tier).inc()
                 log.warning("request %s: %s; recomputing locally", request.request_id, exc)
         # Tokens that pile up while the gateway is busy go out as one Ray item (cluster/coalesce.py).
-        async for chunk in coalesced(self.engine.decode(request, params), merge_chunks):
+        async for chunk in coalesced(self.engine.decode(request, params), merge_outputs):
             yield chunk

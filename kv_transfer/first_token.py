@@ -24,59 +24,69 @@ request takes the plain path (the prefill's token dropped, decode samples token 
 - a stop string of two or more characters: decode checks stop strings on its own output
   only, so one spanning token 1 and token 2 would be missed.
 
+Sampling n > 1 takes the plain path too ("n"): each sample needs its own first token, and
+router/disagg.py runs the samples as decode requests that share one prefill.
+
 Call order (router/disagg.py): `reuse_blocker(sampling)`; prefill with reuse → its first
-TokenChunk; if that chunk finished the answer (stop, EOS, max_tokens 1) there is no decode
-hop; else `continuation(request, first)` is the decode request, and `FirstTokenOffset`
-restates decode's chunk counters as the client's.
+RequestOutput; if that output finished the answer (stop, EOS, max_tokens 1) there is no
+decode hop; else `continuation(request, first)` is the decode request, and
+`FirstTokenOffset` restates decode's outputs as the client's (its cumulative logprob).
 """
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass, replace
 from typing import Any, Optional
 
-from cluster.protocol import EngineRequest, SamplingSettings, TokenChunk
+from cluster.protocol import EngineRequest, new_token_ids
 
 
-def reuse_blocker(sampling: SamplingSettings) -> Optional[str]:
-    """Why the prefill's token cannot be the first token of this request (None: it can)."""
-    if sampling.structured is not None:
+def reuse_blocker(sampling: Any) -> Optional[str]:
+    """Why the prefill's token cannot be the first token of this request (None: it can);
+    `sampling` is the request's vLLM SamplingParams."""
+    if sampling.n > 1:
+        return "n"
+    if sampling.structured_outputs is not None:
         return "structured_output"
     if sampling.presence_penalty or sampling.frequency_penalty:
         return "penalties"
     if sampling.seed is not None and sampling.temperature > 0:
         return "seeded_sampling"
-    if any(len(stop) > 1 for stop in sampling.stop):
+    if any(len(stop) > 1 for stop in sampling.stop or ()):
         return "stop_strings"
+    if sampling.bad_words:
+        return "bad_words"  # a banned sequence spanning token 1 and 2 would not be seen by decode
     return None
 
 
-def continuation(request: EngineRequest, first: TokenChunk) -> EngineRequest:
-    """The decode request after the prefill produced `first`: the same request, its prompt
-    extended by the first token(s), the length bounds reduced by as many."""
-    produced = len(first.token_ids)
-    sampling = request.sampling
-    return replace(
-        request,
-        prompt_token_ids=request.prompt_token_ids + tuple(first.token_ids),
-        sampling=replace(
-            sampling,
-            max_tokens=sampling.max_tokens - produced,
-            min_tokens=max(0, sampling.min_tokens - produced),
-        ),
-    )
+def continuation(request: EngineRequest, first: Any) -> EngineRequest:
+    """The decode request after the prefill produced `first` (a RequestOutput): the same
+    request, its prompt extended by the first token(s), the length bounds reduced by as many,
+    and no prompt logprobs (the prefill computed them over the real prompt)."""
+    produced = list(new_token_ids(first))
+    sampling = request.sampling.clone()
+    sampling.max_tokens = sampling.max_tokens - len(produced)
+    sampling.min_tokens = max(0, sampling.min_tokens - len(produced))
+    sampling.prompt_logprobs = None
+    return replace(request, prompt_token_ids=request.prompt_token_ids + tuple(produced), sampling=sampling)
 
 
 @dataclass(frozen=True)
 class FirstTokenOffset:
-    """Decode counts the reused token as prompt; the client counts it as output."""
+    """Decode counts the reused token as prompt; the client counts it as output: decode's
+    cumulative logprob lacks the first token's."""
 
-    prompt_tokens: int
-    reused_tokens: int
+    first_cumulative_logprob: Optional[float]
 
-    def apply(self, chunk: TokenChunk) -> TokenChunk:
-        return replace(chunk, num_prompt_tokens=self.prompt_tokens,
-                       num_output_tokens=chunk.num_output_tokens + self.reused_tokens)
+    def apply(self, output: Any) -> Any:
+        if self.first_cumulative_logprob is None:
+            return output
+        output = copy.copy(output)
+        output.outputs = [replace(c, cumulative_logprob=None if c.cumulative_logprob is None
+                                  else c.cumulative_logprob + self.first_cumulative_logprob)
+                          for c in output.outputs]
+        return output
 
 
 def tokens_to_load(params: Optional[dict[str, Any]], vllm_count: int, num_computed_tokens: int) -> int:

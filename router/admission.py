@@ -28,7 +28,7 @@ from typing import Any, AsyncIterator, Callable, Mapping, Optional
 
 from cluster.config import AdmissionConfig
 from cluster.metrics import Counter, Gauge
-from cluster.protocol import EngineRequest, TokenChunk
+from cluster.protocol import EngineRequest
 from router.concurrency_limit import AdaptiveLimit
 from router.openai.errors import too_many_requests
 
@@ -149,15 +149,12 @@ class AdmissionControl:
     def __init__(self, backend: Any, limits: Mapping[str, Any], default_tier: str):
         """`limits`: tier → its AdmissionConfig."""
         self.backend = backend
-        self.model_id = backend.model_id
-        self.max_model_len = backend.max_model_len
-        self.tokenizer = backend.tokenizer
         self.default_tier = default_tier
         self.gates = {tier: TierGate(tier, config) for tier, config in limits.items()}
         for gate in self.gates.values():
             LIMIT.labels(gate.tier).set(gate.limit)
 
-    async def generate(self, request: EngineRequest) -> AsyncIterator[TokenChunk]:
+    async def generate(self, request: EngineRequest) -> AsyncIterator[Any]:
         gate = self.gates[request.tier or self.default_tier]
         QUEUED.labels(gate.tier).inc()
         try:

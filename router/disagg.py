@@ -16,6 +16,13 @@ Failure policy, in order of what can go wrong:
 - the decode hop fails before the first token → retried once on the decode pool.
 - the decode hop yields no first token within decode_first_token_timeout_s, or Serve's queue
   for the decode pool is full → 429 (the request gives its admission place back at once).
+
+Sampling n > 1: one route, one prefill (the prompt computed once), then n decode requests on
+the same decode replica: the first pulls the KV, the others start once its first token is out,
+when decode's prefix cache holds the prompt's blocks, so the KV crosses once. Seeds follow
+vLLM's own n: sample i uses seed + i.
+
+Streams are vLLM RequestOutputs (DELTA), index set per sample, as vLLM's AsyncLLM yields them.
 """
 
 from __future__ import annotations
@@ -23,12 +30,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import copy
 from dataclasses import dataclass, replace
 import time
 from typing import Any, AsyncIterator, Optional
 
 from cluster.metrics import Counter, Histogram
-from cluster.protocol import EngineRequest, InvalidEngineRequest, TierPools, TokenChunk
+from cluster.protocol import EngineRequest, InvalidEngineRequest, TierPools, finish_reason
 from kv_transfer.first_token import FirstTokenOffset, continuation, reuse_blocker
 from kv_transfer.handoff import Handoff, HandoffMismatch
 from router.openai.errors import bad_request, too_many_requests
@@ -81,7 +89,7 @@ class _NoFirstToken(Exception):
     """The decode hop yielded no first token within its deadline."""
 
 
-async def _first_token_within(stream: Any, timeout_s: float) -> AsyncIterator[TokenChunk]:
+async def _first_token_within(stream: Any, timeout_s: float) -> AsyncIterator[Any]:
     """The stream, with a deadline on its first chunk only (later gaps are the engine's pace)."""
     it = stream.__aiter__()
     try:
@@ -93,6 +101,21 @@ async def _first_token_within(stream: Any, timeout_s: float) -> AsyncIterator[To
     yield first
     async for chunk in it:
         yield chunk
+
+
+def _sample(request: EngineRequest, i: int) -> EngineRequest:
+    """Sample i of an n > 1 request as a request of its own (vLLM's n: seed + i)."""
+    sampling = request.sampling.clone()
+    sampling.n = 1
+    if sampling.seed is not None:
+        sampling.seed += i
+    return replace(request, request_id=f"{request.request_id}-s{i}", sampling=sampling)
+
+
+def _without_prompt_logprobs(request: EngineRequest) -> EngineRequest:
+    sampling = request.sampling.clone()
+    sampling.prompt_logprobs = None
+    return replace(request, sampling=sampling)
 
 
 def _is_backpressure(exc: BaseException) -> bool:
@@ -112,14 +135,13 @@ class _Hop:
 
 
 class DisaggregatedBackend:
-    """Implements router.openai's OpenAIBackend over Ray Serve handles to the two pools."""
+    """The P/D path over Ray Serve handles to the pools (the engine client's backend,
+    router/openai/engine_client.py)."""
 
-    def __init__(self, *, model_id: str, max_model_len: int, tokenizer: Any, pools: dict[str, TierPools],
+    def __init__(self, *, model_id: str, pools: dict[str, TierPools],
                  default_tier: str, prefill_timeout_s: float, router: Any = None,
                  first_token_reuse: bool = True, decode_first_token_timeout_s: float = 120.0):
         self.model_id = model_id
-        self.max_model_len = max_model_len
-        self.tokenizer = tokenizer
         self._pools = pools
         self._default_tier = default_tier
         self._prefill_timeout_s = prefill_timeout_s
@@ -129,26 +151,31 @@ class DisaggregatedBackend:
         # request_id → pool → the hop in flight; `abort` sends each abort where its hop went.
         self._hops: dict[str, dict[str, _Hop]] = {}
         self._aborts: set[asyncio.Task] = set()  # fire-and-forget aborts, kept from the GC
+        self._samples: dict[str, list[str]] = {}  # request_id → its samples' ids (n > 1)
 
     def _tier(self, request: EngineRequest) -> TierPools:
         return self._pools[request.tier or self._default_tier]
 
     async def _prefill_hop(self, request: EngineRequest, prefill: Any,
-                           first_token: bool) -> tuple[Optional[Handoff], Optional[TokenChunk]]:
-        """Run the prefill hop: the handoff (None: decode computes the prompt itself) and, with
-        `first_token`, the answer's first token (None: decode samples it)."""
+                           first_token: bool) -> tuple[Optional[Handoff], Any, Optional[list]]:
+        """Run the prefill hop: the handoff (None: decode computes the prompt itself), with
+        `first_token` the answer's first token as a RequestOutput (None: decode samples it),
+        and the prompt's logprobs when asked for (None: decode computes them if asked)."""
         reason = None
         tier = request.tier or self._default_tier
         started = time.perf_counter()
         first = None
         handoff = None
+        prompt_logprobs = None
         try:
             result = await asyncio.wait_for(prefill.prefill.remote(request, first_token),
                                             timeout=self._prefill_timeout_s)
             first = result.first
-            if first is not None and first.finish_reason in ("error", "abort"):
-                raise RuntimeError(f"the prefill engine ended the request with {first.finish_reason!r}")
-            if first is None or first.finish_reason is None:  # else: the answer ended on token 1
+            ended = None if first is None else finish_reason(first)
+            if ended in ("error", "abort"):
+                raise RuntimeError(f"the prefill engine ended the request with {ended!r}")
+            prompt_logprobs = result.prompt_logprobs
+            if ended is None:  # else: the answer ended on token 1
                 handoff = Handoff.from_prefill(self.model_id, result.kv_transfer_params,
                                                    getattr(result, "lease_deadline", None))
         except asyncio.TimeoutError:
@@ -163,10 +190,10 @@ class DisaggregatedBackend:
                         request.request_id, type(exc).__name__, exc)
         if reason is not None:
             ROUTES.labels(tier=tier, path="fallback_recompute", reason=reason).inc()
-            return None, None
+            return None, None, None
         PREFILL_HOP_SECONDS.labels(tier=tier).observe(time.perf_counter() - started)
         ROUTES.labels(tier=tier, path="disaggregated", reason="").inc()
-        return handoff, first
+        return handoff, first, prompt_logprobs
 
     def _reuse_first_token(self, request: EngineRequest) -> bool:
         """Whether the prefill's token can be the answer's first (kv_transfer/first_token.py);
@@ -207,11 +234,16 @@ class DisaggregatedBackend:
             return contextlib.nullcontext()
         return self._router.dispatch(pick, request_id)
 
-    async def generate(self, request: EngineRequest) -> AsyncIterator[TokenChunk]:
+    async def generate(self, request: EngineRequest) -> AsyncIterator[Any]:
+        if request.sampling.n > 1:
+            async for output in self._generate_n(request):
+                yield output
+            return
         pools = self._tier(request)
         tier = request.tier or self._default_tier
         decision = await self._route(request)
         first = None
+        prompt_logprobs = None
         if decision is not None and decision.skip_prefill:
             handoff = None  # the P/D decider: decode computes the short uncached part itself
             path = "decode_only"
@@ -219,21 +251,84 @@ class DisaggregatedBackend:
         else:
             reuse = self._reuse_first_token(request)
             with self._dispatch(decision, "prefill", request):
-                handoff, first = await self._prefill_hop(request, pools.prefill, reuse)
+                handoff, first, prompt_logprobs = await self._prefill_hop(request, pools.prefill, reuse)
             path = "disaggregated" if handoff is not None or first is not None else "fallback_recompute"
         offset = None
         if first is not None:
             # The prefill's token goes out now; decode continues after it.
-            yield replace(first, num_prompt_tokens=len(request.prompt_token_ids))
-            if first.finish_reason is not None:
+            first.prompt_logprobs, prompt_logprobs = prompt_logprobs, None
+            yield first
+            if first.finished:
                 return
-            offset = FirstTokenOffset(len(request.prompt_token_ids), len(first.token_ids))
+            offset = FirstTokenOffset(first.outputs[0].cumulative_logprob)
             request = continuation(request, first)
-        async for chunk in self._decode(request, handoff, decision, path, pools.decode):
-            yield chunk if offset is None else offset.apply(chunk)
+        elif prompt_logprobs is not None:
+            request = _without_prompt_logprobs(request)
+        async for output in self._decode(request, handoff, decision, path, pools.decode):
+            if prompt_logprobs is not None:
+                output.prompt_logprobs, prompt_logprobs = prompt_logprobs, None
+            yield output if offset is None else offset.apply(output)
+
+    async def _generate_n(self, request: EngineRequest) -> AsyncIterator[Any]:
+        """n samples of one prompt: one prefill, n decode requests (module docstring)."""
+        pools = self._tier(request)
+        tier = request.tier or self._default_tier
+        n = request.sampling.n
+        samples = [_sample(request, i) for i in range(n)]
+        self._samples[request.request_id] = [s.request_id for s in samples]
+        decision = await self._route(samples[0])
+        prompt_logprobs = None
+        if decision is not None and decision.skip_prefill:
+            handoff, path = None, "decode_only"
+            ROUTES.labels(tier=tier, path=path, reason="").inc()
+        else:
+            FIRST_TOKEN.labels(tier=tier, path="decode", reason="n").inc()
+            with self._dispatch(decision, "prefill", samples[0]):
+                handoff, _, prompt_logprobs = await self._prefill_hop(samples[0], pools.prefill, False)
+            path = "disaggregated" if handoff is not None else "fallback_recompute"
+        if prompt_logprobs is not None:
+            samples = [_without_prompt_logprobs(s) for s in samples]
+        queue: asyncio.Queue = asyncio.Queue()
+        first_out = asyncio.Event()  # sample 0 has produced: decode's prefix cache holds the prompt
+
+        async def run(i: int, sample: EngineRequest) -> None:
+            try:
+                if i > 0:
+                    await first_out.wait()
+                async for output in self._decode(sample, handoff if i == 0 else None, decision, path, pools.decode):
+                    first_out.set()
+                    await queue.put((i, output))
+                await queue.put((i, None))
+            except BaseException as exc:
+                first_out.set()
+                await queue.put((i, exc))
+                raise
+
+        tasks = [asyncio.ensure_future(run(i, s)) for i, s in enumerate(samples)]
+        try:
+            running = n
+            while running:
+                i, item = await queue.get()
+                if isinstance(item, BaseException):
+                    raise item
+                if item is None:
+                    running -= 1
+                    continue
+                output = copy.copy(item)
+                output.request_id = request.request_id
+                output.outputs = [replace(c, index=i) for c in item.outputs]
+                output.finished = bool(item.finished and running == 1)
+                if prompt_logprobs is not None:
+                    output.prompt_logprobs, prompt_logprobs = prompt_logprobs, None
+                yield output
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            self._samples.pop(request.request_id, None)
 
     async def _decode(self, request: EngineRequest, handoff: Optional[Handoff], decision: Optional[RouteDecision],
-                      path: str, pool: Any) -> AsyncIterator[TokenChunk]:
+                      path: str, pool: Any) -> AsyncIterator[Any]:
         """The decode hop; retried once (wherever Serve sends it) if it fails before its first token."""
         tier = request.tier or self._default_tier
         for attempt in (1, 2):
@@ -277,8 +372,9 @@ class DisaggregatedBackend:
         """Abort the request on the replicas of its hops in flight. A finished prefill hop holds
         nothing to abort (its KV waits for decode's pull, or decode's abort frees it); an
         unknown id has nothing in flight."""
-        hops = list(self._hops.get(request_id, {}).values())
-        await asyncio.gather(*(self._abort_hop(hop, request_id) for hop in hops), return_exceptions=True)
+        ids = self._samples.get(request_id, [request_id])
+        hops = [(hop, rid) for rid in ids for hop in self._hops.get(rid, {}).values()]
+        await asyncio.gather(*(self._abort_hop(hop, rid) for hop, rid in hops), return_exceptions=True)
 
     async def _abort_hop(self, hop: _Hop, request_id: str) -> None:
         # Pinned like the hop itself: with several replicas in a pool, Serve's own pick would

@@ -22,7 +22,7 @@ import logging
 import uuid
 from typing import Any, Callable, Mapping, Optional
 
-from cluster.protocol import EngineRequest, SamplingSettings, TierPools
+from cluster.protocol import EngineRequest, TierPools
 from kv_transfer.handoff import Handoff
 from router.routing.types import Pick, Worker
 
@@ -32,6 +32,12 @@ PASS_INTERVAL_S = 2.0
 HOP_TIMEOUT_S = 30.0
 # A few prompt tokens: a partial block moves like a full one, and a handshake is per pair.
 WARM_PROMPT = (1, 2, 3, 4, 5, 6, 7, 8)
+
+
+def _warm_sampling():
+    from vllm import SamplingParams
+
+    return SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True)
 
 
 class HandshakeWarmer:
@@ -99,7 +105,7 @@ class HandshakeWarmer:
     async def _warm(self, tier: str, prefill: Worker, decode: Worker) -> None:
         pools = self._pools[tier]
         request = EngineRequest(f"warmup-{uuid.uuid4().hex}", WARM_PROMPT,
-                                SamplingSettings(max_tokens=2, temperature=0.0, ignore_eos=True), tier=tier)
+                                _warm_sampling(), tier=tier)
         with self._router.dispatch(Pick(prefill, 1.0, {}), request.request_id):
             result = await asyncio.wait_for(pools.prefill.prefill.remote(request, False), HOP_TIMEOUT_S)
         handoff = Handoff.from_prefill(self._model_id, result.kv_transfer_params)

@@ -20,9 +20,11 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass
-from typing import Callable, Mapping, Optional
+from typing import TYPE_CHECKING, Callable, Mapping, Optional
 
-from router.openai.app import RateLimit as EdgeHook  # the edge's hook type
+if TYPE_CHECKING:  # the edge's hook type (router/openai/engine_client.py imports vLLM)
+    from router.openai.engine_client import RateLimit as EdgeHook
+
 from router.openai.errors import OpenAIError
 
 Clock = Callable[[], float]

@@ -19,12 +19,14 @@ from __future__ import annotations
 
 import logging
 import math
-from typing import Callable, Mapping, Optional
+from typing import TYPE_CHECKING, Callable, Mapping, Optional
+
+if TYPE_CHECKING:  # the edge's hook type (router/openai/engine_client.py imports vLLM)
+    from router.openai.engine_client import RateLimit as EdgeHook
 
 import redis
 import redis.asyncio
 
-from router.openai.app import RateLimit as EdgeHook
 from router.ratelimit import RateLimit, RateLimiter, rate_limited, tenant_limits
 
 log = logging.getLogger(__name__)

@@ -17,7 +17,7 @@ from typing import Any, AsyncIterator, Optional, Sequence
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from cluster.metrics import Counter, Histogram
-from cluster.protocol import EngineRequest, TokenChunk
+from cluster.protocol import EngineRequest, finish_reason, new_token_ids
 from router.openai.errors import OpenAIError
 
 HTTP_RESPONSES = Counter(
@@ -85,12 +85,9 @@ class MeasuredBackend:
 
     def __init__(self, backend: Any, default_tier: str):
         self.backend = backend
-        self.model_id = backend.model_id
-        self.max_model_len = backend.max_model_len
-        self.tokenizer = backend.tokenizer
         self.default_tier = default_tier
 
-    async def generate(self, request: EngineRequest) -> AsyncIterator[TokenChunk]:
+    async def generate(self, request: EngineRequest) -> AsyncIterator[Any]:
         tier = request.tier or self.default_tier
         started = last = time.perf_counter()
         first = True
@@ -99,7 +96,7 @@ class MeasuredBackend:
         try:
             async for chunk in self.backend.generate(request):
                 now = time.perf_counter()
-                tokens = len(chunk.token_ids)
+                tokens = len(new_token_ids(chunk))
                 if tokens:
                     if first:
                         TTFT_SECONDS.labels(tier=tier).observe(now - started)
@@ -115,7 +112,7 @@ class MeasuredBackend:
                             ITL_SECONDS.labels(tier=tier).observe(gap)
                     OUTPUT_TOKENS.labels(tier=tier).inc(tokens)
                     last = now
-                finish = chunk.finish_reason or finish
+                finish = finish_reason(chunk) or finish
                 yield chunk
         except BaseException as exc:
             failure = exc

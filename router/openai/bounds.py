@@ -14,6 +14,7 @@ import json
 from typing import Any, Optional
 
 MAX_JSON_DEPTH = 64  # the whole body; a legitimate schema is a few levels deep
+MAX_STOP_STRINGS = 16  # OpenAI allows 4; vLLM has no bound
 MAX_STOP_CHARS = 1024  # per stop string
 MAX_STOP_TOKEN_IDS = 128
 MAX_TOOLS = 128  # OpenAI's own limit
@@ -90,3 +91,56 @@ def check_text(value: str, limit: int, what: str) -> None:
         raise ValueError(f"{what} must not contain a NUL character")
     if len(value) > limit:
         raise ValueError(f"{what} is {len(value)} characters; the limit is {limit}")
+
+
+def body_bound_error(body: Any) -> Optional[tuple[str, str]]:
+    """(param, message) for the first bound a generation body breaks, or None. What vLLM
+    itself checks (types, ranges, logprobs limits) is left to vLLM."""
+    if not isinstance(body, dict):
+        return None
+    stop = body.get("stop")
+    if isinstance(stop, list) and len(stop) > MAX_STOP_STRINGS:
+        return "stop", f"At most {MAX_STOP_STRINGS} stop sequences are allowed; got {len(stop)}."
+    for item in stop if isinstance(stop, list) else [stop]:
+        if isinstance(item, str) and len(item) > MAX_STOP_CHARS:
+            return "stop", f"A stop sequence is at most {MAX_STOP_CHARS} characters."
+    ids = body.get("stop_token_ids")
+    if isinstance(ids, list) and len(ids) > MAX_STOP_TOKEN_IDS:
+        return "stop_token_ids", f"At most {MAX_STOP_TOKEN_IDS} stop token ids are allowed."
+    tools = body.get("tools")
+    if isinstance(tools, list):
+        if len(tools) > MAX_TOOLS:
+            return "tools", f"At most {MAX_TOOLS} tools are allowed; got {len(tools)}."
+        for i, tool in enumerate(tools):
+            try:
+                check_size(tool, MAX_TOOL_BYTES, f"tools[{i}]")
+            except ValueError as exc:
+                return f"tools[{i}]", f"{exc}."
+    constraints = [("structured_outputs", body.get("structured_outputs")), ("response_format", body.get("response_format"))]
+    for param, spec in constraints:
+        if not isinstance(spec, dict):
+            continue
+        if has_nul(spec):
+            return param, f"'{param}' must not contain a NUL character."
+        for key, limit in (("regex", MAX_REGEX_CHARS), ("grammar", MAX_GRAMMAR_CHARS)):
+            if isinstance(spec.get(key), str) and len(spec[key]) > limit:
+                return f"{param}.{key}", f"'{param}.{key}' is at most {limit} characters."
+        for key in ("json", "json_schema"):
+            if key in spec:
+                try:
+                    check_size(spec[key], MAX_SCHEMA_BYTES, f"{param}.{key}")
+                    if isinstance(spec[key], str):
+                        check_depth(json.loads(spec[key]), f"{param}.{key}")
+                except RecursionError:
+                    return f"{param}.{key}", f"'{param}.{key}' is nested deeper than {MAX_JSON_DEPTH} levels."
+                except ValueError as exc:
+                    return f"{param}.{key}", f"{exc}."
+        choice = spec.get("choice")
+        if isinstance(choice, list):
+            if len(choice) > MAX_CHOICES:
+                return f"{param}.choice", f"At most {MAX_CHOICES} choices are allowed."
+            try:
+                check_size(choice, MAX_CHOICE_BYTES, f"{param}.choice")
+            except ValueError as exc:
+                return f"{param}.choice", f"{exc}."
+    return None

@@ -23,7 +23,8 @@ from pathlib import Path
 
 import msgspec
 
-from cluster.protocol import EngineRequest, SamplingSettings
+from cluster.protocol import EngineRequest
+from vllm import SamplingParams
 from router.hashing import BlockHasher
 from router.kv_events import decode_batch
 from router.prefix_index import BlockStored, MemoryPrefixIndex
@@ -80,7 +81,7 @@ def main() -> None:
     async def run() -> list[float]:
         out = []
         for i in range(args.decisions):
-            req = EngineRequest(f"r{i}", tuple(prompts[i % len(prompts)]), SamplingSettings(max_tokens=1))
+            req = EngineRequest(f"r{i}", tuple(prompts[i % len(prompts)]), SamplingParams(max_tokens=1))
             t = time.perf_counter()
             await router.route(req, "interactive")
             out.append(time.perf_counter() - t)

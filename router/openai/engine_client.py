@@ -1,0 +1,198 @@
+"""PDEngineClient: vLLM's EngineClient over tandem's prefill/decode path.
+
+vLLM's own OpenAI serving code (chat, completions, responses, tokenize, ...) renders each
+request with the model's renderer, then calls `engine_client.generate(prompt, params, id)` and
+builds the response from the RequestOutputs it yields. This class is that engine client: it
+checks the request as vLLM's AsyncLLM would (its InputProcessor, so a bad parameter fails the
+same way), turns it into an EngineRequest for the tier the edge chose (router/openai/context.py)
+and streams what the backend — admission → metrics → the P/D path (router/disagg.py) — yields.
+
+Outputs come from the engines as DELTAs without their prompt; here they get the prompt back,
+the caller's request id, and, for FINAL_ONLY or CUMULATIVE callers, are aggregated as vLLM's
+output collector would.
+
+Lifecycle: built once per gateway replica from the VllmConfig of the served model (no engine,
+no weights: config, tokenizer, renderer); `generate` and `abort` any number of times,
+concurrently; `shutdown` releases the renderer's thread pools.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping, Optional, Protocol
+
+from vllm.engine.protocol import EngineClient
+from vllm.renderers import renderer_from_config
+from vllm.sampling_params import RequestOutputKind, SamplingParams
+from vllm.v1.engine.input_processor import InputProcessor
+
+from cluster.protocol import EngineRequest, merge_outputs
+from router.openai.context import CURRENT, RequestContext
+from router.openai.errors import OpenAIError
+
+log = logging.getLogger(__name__)
+
+
+# The rate-limit hook: (request headers, the request's token cost: prompt + max_tokens × n) →
+# awaitable None, or an OpenAIError 429 to refuse (router/ratelimit.py, ratelimit_shared.py).
+RateLimit = Callable[[Mapping[str, str], int], Awaitable[None]]
+
+
+class Backend(Protocol):
+    """What serves an EngineRequest: RequestOutput DELTAs; may raise OpenAIError (429, 400)."""
+
+    def generate(self, request: EngineRequest) -> AsyncIterator[Any]: ...
+
+    async def abort(self, request_id: str) -> None: ...
+
+    async def health(self) -> dict[str, Any]: ...
+
+
+class PDEngineClient(EngineClient):
+    def __init__(self, vllm_config: Any, backend: Backend, default_tier: str, *,
+                 rate_limit: Optional[RateLimit] = None):
+        """`rate_limit`: async (headers, token cost) → None, raising a 429 OpenAIError to refuse."""
+        self.vllm_config = vllm_config
+        self.model_config = vllm_config.model_config
+        self.renderer = renderer_from_config(vllm_config)
+        self.input_processor = InputProcessor(vllm_config, self.renderer)
+        self.backend = backend
+        self.default_tier = default_tier
+        self.rate_limit = rate_limit
+        self._stopped = False
+
+    async def generate(self, prompt: Any, sampling_params: SamplingParams, request_id: str, *,
+                       prompt_text: Optional[str] = None, **_: Any) -> AsyncGenerator[Any, None]:
+        ctx = CURRENT.get() or RequestContext(tier=self.default_tier)
+        if not isinstance(prompt, Mapping) or "prompt_token_ids" not in prompt:
+            raise ValueError("tandem serves token prompts rendered by the gateway (text-only models)")
+        # vLLM's own checks of the request (logprobs limits, token ids in the vocabulary,
+        # structured-output specs, ...), raised here as AsyncLLM would raise them.
+        checked = self.input_processor.process_inputs(request_id, prompt, sampling_params,
+                                                      supported_tasks=("generate",))
+        params = checked.sampling_params
+        token_ids = tuple(prompt["prompt_token_ids"])
+        salt = _salt(ctx.cache_salt, prompt.get("cache_salt"))
+        request = EngineRequest(request_id, token_ids, params, tier=ctx.tier, cache_salt=salt)
+        aggregate = sampling_params.output_kind != RequestOutputKind.DELTA
+        text = prompt.get("prompt", prompt_text)
+        merged = None
+        started = False
+        try:
+            if self.rate_limit is not None:
+                await self.rate_limit(ctx.headers, len(token_ids) + (params.max_tokens or 0) * params.n)
+            async for output in self.backend.generate(request):
+                started = True
+                output.request_id = request_id
+                output.prompt = text
+                output.prompt_token_ids = list(token_ids)
+                if not aggregate:
+                    yield output
+                    continue
+                merged = output if merged is None else merge_outputs([merged, output])
+                if sampling_params.output_kind == RequestOutputKind.CUMULATIVE or merged.finished:
+                    yield merged
+        except OpenAIError as exc:
+            if not started and ctx.refusal is None:
+                ctx.refusal = exc  # the edge answers with its status and headers
+            raise
+
+    async def abort(self, request_id: Any) -> None:
+        ids = [request_id] if isinstance(request_id, str) else list(request_id)
+        for rid in ids:
+            await self.backend.abort(rid)
+
+    # vLLM's engine-state surface: a gateway holds no engine of its own.
+    @property
+    def is_running(self) -> bool:
+        return not self._stopped
+
+    @property
+    def is_stopped(self) -> bool:
+        return self._stopped
+
+    @property
+    def errored(self) -> bool:
+        return False
+
+    @property
+    def dead_error(self) -> BaseException:
+        return RuntimeError("the gateway's engine client does not die; its pools report on /health")
+
+    async def get_supported_tasks(self) -> tuple[str, ...]:
+        return ("generate",)
+
+    async def check_health(self) -> None:
+        info = await self.backend.health()
+        if not info.get("ready"):
+            raise RuntimeError(f"pools not ready: {info}")
+
+    def shutdown(self, timeout: Optional[float] = None) -> None:
+        if not self._stopped:
+            self._stopped = True
+            self.renderer.shutdown()
+
+    async def is_tracing_enabled(self) -> bool:
+        return False
+
+    async def do_log_stats(self) -> None:
+        return None
+
+    async def notify_kv_transfer_request_rejected(self, request_id: str, kv_transfer_params: dict[str, Any],
+                                                  data_parallel_rank: Optional[int] = None) -> None:
+        return None  # the gateway never hands kv_transfer_params to clients
+
+    def encode(self, *args: Any, **kwargs: Any) -> Any:
+        raise ValueError("tandem serves generative models; pooling (embeddings, scores) is not served")
+
+    async def add_lora(self, lora_request: Any) -> bool:
+        raise ValueError("LoRA adapters are not served by tandem")
+
+    async def _unsupported(self, what: str) -> Any:
+        raise ValueError(f"{what} is an engine operation; tandem's engines are managed by the cluster")
+
+    async def start_profile(self, *args: Any, **kwargs: Any) -> None:
+        await self._unsupported("profiling")
+
+    async def stop_profile(self) -> None:
+        await self._unsupported("profiling")
+
+    async def reset_mm_cache(self) -> None:
+        return None
+
+    async def reset_encoder_cache(self) -> None:
+        return None
+
+    async def reset_prefix_cache(self, *args: Any, **kwargs: Any) -> bool:
+        await self._unsupported("resetting the prefix cache")
+        return False
+
+    async def sleep(self, *args: Any, **kwargs: Any) -> None:
+        await self._unsupported("sleep")
+
+    async def release_kv_cache_memory(self) -> None:
+        await self._unsupported("releasing KV cache memory")
+
+    async def wake_up(self, tags: Any = None) -> bool:
+        await self._unsupported("wake_up")
+        return False
+
+    async def is_sleeping(self) -> bool:
+        return False
+
+    async def pause_generation(self, *args: Any, **kwargs: Any) -> None:
+        await self._unsupported("pausing generation")
+
+    async def resume_generation(self) -> None:
+        await self._unsupported("resuming generation")
+
+    async def is_paused(self) -> bool:
+        return False
+
+
+def _salt(tenant_salt: Optional[str], client_salt: Optional[str]) -> Optional[str]:
+    """The prefix-cache salt both hops use: the tenant's isolates tenants; a client's own salt
+    (vLLM's cache_salt field) isolates further within its tenant."""
+    if tenant_salt and client_salt:
+        return f"{tenant_salt}:{client_salt}"
+    return tenant_salt or client_salt

@@ -10,63 +10,36 @@ import asyncio
 import json
 from typing import Any, AsyncIterator, Mapping, Optional, Sequence
 
-from cluster.protocol import EngineRequest, TokenChunk
-from router.openai.errors import bad_request
+from cluster.protocol import EngineRequest
 
 
-class FakeTokenizer:
-    """One token per UTF-8 byte (ids 0..255), so token counts are obvious from the text.
+def fake_output(request_id: str, text: str, token_ids: Sequence[int], finish_reason: Optional[str] = None,
+                cumulative_logprob: Optional[float] = None) -> Any:
+    """A vLLM RequestOutput DELTA as an engine yields it (finished when `finish_reason` is set)."""
+    from vllm.outputs import CompletionOutput, RequestOutput
 
-    Chat renders each message as ``<role>: content\\n`` and ends with ``assistant: `` (the
-    generation prompt); with `chat_template=False` it refuses chat like a base model.
-    """
-
-    vocab_size = 256
-
-    def __init__(self, chat_template: bool = True) -> None:
-        self.chat_template = chat_template
-
-    def encode(self, text: str) -> list[int]:
-        return list(text.encode("utf-8"))
-
-    def decode(self, token_ids: Sequence[int]) -> str:
-        return bytes(token_ids).decode("utf-8", errors="replace")
-
-    def render(self, messages: Sequence[Mapping[str, Any]]) -> str:
-        return "".join(f"{m['role']}: {m['content']}\n" for m in messages) + "assistant: "
-
-    def chat(self, messages: Sequence[Mapping[str, Any]], tools: Optional[Sequence[Mapping[str, Any]]] = None) -> list[int]:
-        if not self.chat_template:
-            raise bad_request("This model has no chat template.", "messages", "chat_template_missing")
-        shown = "".join(f"tool: {t['function']['name']}\n" for t in tools or [])
-        return self.encode(shown + self.render(messages))
+    completion = CompletionOutput(0, text, list(token_ids), cumulative_logprob, None, finish_reason=finish_reason)
+    return RequestOutput(request_id, None, None, None, [completion], finish_reason is not None)
 
 
 class FakeBackend:
-    """Streams the prompt back, one byte-token per chunk, deterministically.
+    """Streams the prompt back, one token per output, deterministically.
 
     The reply is the prompt's own tokens: with a prompt of P tokens and max_tokens M the
     answer has min(P, M) tokens and finishes "stop" when the echo ends, "length" when M
-    cuts it (with ignore_eos the echo repeats until M). Switches let a test make it fail,
-    hang, or report an abnormal finish, and it records what the edge asked of it.
+    cuts it (with ignore_eos the echo repeats until M). Each token's text is "<id> ". Switches
+    let a test make it fail, hang, or report an abnormal finish, and it records what the edge
+    asked of it.
     """
 
-    def __init__(
-        self,
-        model_id: str = "tandem-test",
-        max_model_len: int = 256,
-        tokenizer: Optional[FakeTokenizer] = None,
-    ) -> None:
-        self.model_id = model_id
-        self.max_model_len = max_model_len
-        self.tokenizer = tokenizer or FakeTokenizer()
+    def __init__(self) -> None:
         self.ready = True
         self.health_details: dict[str, Any] = {"replicas": 1}
         self.health_raises = False
-        self.fail_after: Optional[int] = None  # raise `fail_with` after this many chunks
+        self.fail_after: Optional[int] = None  # raise `fail_with` after this many outputs
         self.fail_with: BaseException = RuntimeError("fake engine exploded")
         self.hang_after: Optional[int] = None  # then wait forever (until cancelled)
-        self.finish_reason: Optional[str] = None  # force the last chunk's finish reason
+        self.finish_reason: Optional[str] = None  # force the last output's finish reason
         self.requests: list[EngineRequest] = []
         self.aborted: list[str] = []
         self.closed: list[str] = []  # request ids whose generator was finalized
@@ -78,7 +51,7 @@ class FakeBackend:
             return [prompt[i % len(prompt)] for i in range(limit)]
         return prompt[:limit]
 
-    async def generate(self, request: EngineRequest) -> AsyncIterator[TokenChunk]:
+    async def generate(self, request: EngineRequest) -> AsyncIterator[Any]:
         self.requests.append(request)
         tokens = self.reply_tokens(request)
         cut = request.sampling.ignore_eos or request.sampling.max_tokens < len(request.prompt_token_ids)
@@ -91,17 +64,11 @@ class FakeBackend:
                     await asyncio.Event().wait()
                 await asyncio.sleep(0)
                 last = i == len(tokens) - 1
-                yield TokenChunk(
-                    text=self.tokenizer.decode([token]),
-                    token_ids=(token,),
-                    finish_reason=reason if last else None,
-                    num_prompt_tokens=len(request.prompt_token_ids),
-                    num_output_tokens=i + 1,
-                )
+                yield fake_output(request.request_id, f"{token} ", [token], reason if last else None)
             if not tokens:
                 if self.fail_after == 0:
                     raise self.fail_with
-                yield TokenChunk("", (), reason, len(request.prompt_token_ids), 0)
+                yield fake_output(request.request_id, "", [], reason)
         finally:
             self.closed.append(request.request_id)
 
@@ -259,7 +226,7 @@ class _FakeMethod:
             return None
         if self.pool.hang_prefill:
             await asyncio.Event().wait()
-        first = TokenChunk(text="a", token_ids=(1,), num_output_tokens=1) if first_token else None
+        first = fake_output(request_id, "a", [1]) if first_token else None
         return PrefillResult(request_id, {"do_remote_prefill": True, "remote_port": 1}, "fake", 3, first=first)
 
 
@@ -276,7 +243,7 @@ class _FakeStream:
     def __aiter__(self) -> "_FakeStream":
         return self
 
-    async def __anext__(self) -> TokenChunk:
+    async def __anext__(self) -> Any:
         await asyncio.sleep(0.01)
         if self.hang:
             await asyncio.Event().wait()
@@ -285,7 +252,7 @@ class _FakeStream:
         if self.cancelled or self.left <= 0:
             raise StopAsyncIteration
         self.left -= 1
-        return TokenChunk(text="a", token_ids=(1,), finish_reason="length" if self.left == 0 else None)
+        return fake_output("fake", "a", [1], "length" if self.left == 0 else None)
 
 
 class RecordingRayGauge:

@@ -14,7 +14,6 @@ import json
 from typing import Any, Optional
 
 MAX_JSON_DEPTH = 64  # the whole body; a legitimate schema is a few levels deep
-MAX_STOP_STRINGS = 16  # OpenAI allows 4; vLLM has no bound
 MAX_STOP_CHARS = 1024  # per stop string
 MAX_STOP_TOKEN_IDS = 128
 MAX_TOOLS = 128  # OpenAI's own limit
@@ -99,8 +98,6 @@ def body_bound_error(body: Any) -> Optional[tuple[str, str]]:
     if not isinstance(body, dict):
         return None
     stop = body.get("stop")
-    if isinstance(stop, list) and len(stop) > MAX_STOP_STRINGS:
-        return "stop", f"At most {MAX_STOP_STRINGS} stop sequences are allowed; got {len(stop)}."
     for item in stop if isinstance(stop, list) else [stop]:
         if isinstance(item, str) and len(item) > MAX_STOP_CHARS:
             return "stop", f"A stop sequence is at most {MAX_STOP_CHARS} characters."

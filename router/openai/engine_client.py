@@ -18,6 +18,7 @@ concurrently; `shutdown` releases the renderer's thread pools.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from typing import Any, AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping, Optional, Protocol
 
@@ -60,6 +61,7 @@ class PDEngineClient(EngineClient):
         self.default_tier = default_tier
         self.rate_limit = rate_limit
         self._stopped = False
+        self._aborts: set[asyncio.Task] = set()  # aborts in flight, kept from the GC
 
     async def generate(self, prompt: Any, sampling_params: SamplingParams, request_id: str, *,
                        prompt_text: Optional[str] = None, **_: Any) -> AsyncGenerator[Any, None]:
@@ -77,12 +79,13 @@ class PDEngineClient(EngineClient):
         aggregate = sampling_params.output_kind != RequestOutputKind.DELTA
         text = prompt.get("prompt", prompt_text)
         merged = None
-        started = False
+        started = finished = False
         try:
             if self.rate_limit is not None:
                 await self.rate_limit(ctx.headers, len(token_ids) + (params.max_tokens or 0) * params.n)
             async for output in self.backend.generate(request):
                 started = True
+                finished = finished or output.finished
                 output.request_id = request_id
                 output.prompt = text
                 output.prompt_token_ids = list(token_ids)
@@ -96,6 +99,17 @@ class PDEngineClient(EngineClient):
             if not started and ctx.refusal is None:
                 ctx.refusal = exc  # the edge answers with its status and headers
             raise
+        except (asyncio.CancelledError, GeneratorExit):
+            # The client went away (vLLM's serving code cancels or closes us), as AsyncLLM:
+            # abort what runs for it; not awaited here, a cancelled task must not wait.
+            if not finished:
+                self._abort_soon(request_id)
+            raise
+
+    def _abort_soon(self, request_id: str) -> None:
+        task = asyncio.ensure_future(self.backend.abort(request_id))
+        self._aborts.add(task)
+        task.add_done_callback(self._aborts.discard)
 
     async def abort(self, request_id: Any) -> None:
         ids = [request_id] if isinstance(request_id, str) else list(request_id)

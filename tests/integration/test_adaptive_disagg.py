@@ -19,8 +19,9 @@ import uuid
 from collections import Counter
 
 import pytest
+from vllm import SamplingParams
 
-from cluster.protocol import EngineRequest, SamplingSettings, TierPools
+from cluster.protocol import EngineRequest, TierPools, finish_reason
 from router.disagg import DisaggregatedBackend
 from router.routing import service
 from router.routing.decider import Objectives, PDDecider
@@ -38,13 +39,13 @@ BURST = 16
 def engine_request(rng: random.Random) -> EngineRequest:
     prompt = tuple(rng.randrange(5, 250) for _ in range(LONG))  # fresh: nothing cached anywhere
     return EngineRequest(f"adaptive-{uuid.uuid4()}", prompt,
-                         SamplingSettings(max_tokens=4, temperature=0, ignore_eos=True), tier=TIER)
+                         SamplingParams(max_tokens=4, temperature=0, ignore_eos=True), tier=TIER)
 
 
 async def complete(backend: DisaggregatedBackend, request: EngineRequest) -> str:
     finish = None
     async for chunk in backend.generate(request):
-        finish = chunk.finish_reason or finish
+        finish = finish_reason(chunk) or finish
     return finish
 
 
@@ -65,7 +66,7 @@ def test_idle_long_prompts_go_remote_and_a_burst_spills_some_to_decode(base_url,
                         decode=serve.get_deployment_handle(f"{TIER}-decode", app_name="tandem"))
     router = KVRouter(directories=dirs, index=None, weights={"load": 1.0}, decider=PDDecider(mode="adaptive"),
                       subscribe=False, objectives={TIER: Objectives(ttft_s=2.0, itl_s=0.5)})
-    backend = DisaggregatedBackend(model_id=MODEL_NAME, max_model_len=MAX_MODEL_LEN, tokenizer=None,
+    backend = DisaggregatedBackend(model_id=MODEL_NAME,
                                    pools={TIER: handles}, default_tier=TIER, prefill_timeout_s=60, router=router)
     try:
         asyncio.run(scenario(backend, router, handles, verdicts))

@@ -16,8 +16,9 @@ import time
 import uuid
 
 import pytest
+from vllm import SamplingParams
 
-from cluster.protocol import EngineRequest, SamplingSettings
+from cluster.protocol import EngineRequest
 from kv_transfer.handoff import Handoff
 from kv_transfer.nixl import free_port
 from tests.integration.conftest import MODEL_NAME, replica_stats
@@ -39,8 +40,8 @@ def decode_text(decode, request: EngineRequest, handoff) -> tuple[tuple[int, ...
     ids: list[int] = []
     text = ""
     for chunk in decode.options(stream=True).generate.remote(request, handoff):
-        ids += chunk.token_ids
-        text += chunk.text
+        ids += chunk.outputs[0].token_ids
+        text += chunk.outputs[0].text
     return tuple(ids), text
 
 
@@ -57,7 +58,7 @@ def test_a_kv_transfer_that_cannot_complete_is_recomputed_within_a_bound(base_ur
     prefill, decode = handles()
     rng = random.Random(time.time_ns())
     prompt = tuple(rng.randrange(5, 250) for _ in range(300))  # 2 full blocks and a partial one
-    sampling = SamplingSettings(max_tokens=8, temperature=0, ignore_eos=True)
+    sampling = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True)
     request = EngineRequest(f"faults-kv-{uuid.uuid4()}", prompt, sampling)
     result = prefill.prefill.remote(request).result()
     handoff = Handoff.from_prefill(MODEL_NAME, corrupt(result.kv_transfer_params))

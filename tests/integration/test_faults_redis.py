@@ -18,9 +18,10 @@ import time
 import uuid
 
 import pytest
+from vllm import SamplingParams
 import redis
 
-from cluster.protocol import EngineRequest, SamplingSettings, TierPools
+from cluster.protocol import EngineRequest, TierPools, finish_reason
 from router.disagg import DisaggregatedBackend
 from router.prefix_index import make_index
 from router.routing.decider import PDDecider
@@ -43,13 +44,13 @@ def tokens(rng: random.Random, n: int) -> tuple[int, ...]:
 
 def engine_request(prompt: tuple[int, ...]) -> EngineRequest:
     return EngineRequest(f"faults-redis-{uuid.uuid4()}", prompt,
-                         SamplingSettings(max_tokens=6, temperature=0, ignore_eos=True), tier=TIER)
+                         SamplingParams(max_tokens=6, temperature=0, ignore_eos=True), tier=TIER)
 
 
 async def complete(backend: DisaggregatedBackend, prompt: tuple[int, ...]) -> str:
     finish = None
     async for chunk in backend.generate(engine_request(prompt)):
-        finish = chunk.finish_reason or finish
+        finish = finish_reason(chunk) or finish
     return finish
 
 
@@ -73,7 +74,7 @@ def test_redis_stopped_under_load_fails_nothing_and_routing_recovers(base_url):
                             decode=serve.get_deployment_handle(f"{TIER}-decode", app_name="tandem"))
         router = KVRouter(directories=dirs, index=make_index("redis", redis_url=server.url, prefix="faults:"),
                           weights={"prefix": 1.0, "load": 0.5, "kv_usage": 0.1}, decider=PDDecider(0))
-        backend = DisaggregatedBackend(model_id=MODEL_NAME, max_model_len=MAX_MODEL_LEN, tokenizer=None,
+        backend = DisaggregatedBackend(model_id=MODEL_NAME,
                                        pools={TIER: handles}, default_tier=TIER, prefill_timeout_s=30,
                                        router=router)
         asyncio.run(scenario(backend, router, handles, server))

@@ -12,8 +12,10 @@ import uuid
 
 import httpx
 import pytest
+from vllm import SamplingParams
+from vllm.sampling_params import StructuredOutputsParams
 
-from cluster.protocol import EngineRequest, SamplingSettings, StructuredOutput
+from cluster.protocol import EngineRequest, finish_reason
 from tests.integration.conftest import MODEL_NAME, metric, replica_stats, wait_for_metric
 
 pytestmark = pytest.mark.integration
@@ -28,15 +30,15 @@ def _decode_handle():
     return serve.get_deployment_handle(DECODE, app_name="tandem")
 
 
-def alone(prompt_ids: list[int], sampling: SamplingSettings) -> tuple[list[int], str, list]:
+def alone(prompt_ids: list[int], sampling: SamplingParams) -> tuple[list[int], str, list]:
     """The decode engine computing the request by itself: what a single engine answers."""
     request = EngineRequest(f"single-{uuid.uuid4()}", tuple(prompt_ids), sampling)
     ids, text, logprobs, finish = [], "", [], None
     for chunk in _decode_handle().options(stream=True).generate.remote(request, None):
-        ids += chunk.token_ids
-        text += chunk.text
-        logprobs += chunk.logprobs
-        finish = chunk.finish_reason or finish
+        ids += chunk.outputs[0].token_ids
+        text += chunk.outputs[0].text
+        logprobs += chunk.outputs[0].logprobs or []
+        finish = finish_reason(chunk) or finish
     return ids, text, logprobs, finish
 
 
@@ -70,7 +72,7 @@ def test_greedy_reuses_the_prefill_token_and_decode_computes_only_that_token(bas
     # holds as the last token of its prompt (kv_transfer/first_token.py).
     assert after.prompt_tokens_transferred - before.prompt_tokens_transferred == n
     assert after.prompt_tokens_computed - before.prompt_tokens_computed == 1
-    ids, text, _, finish = alone(out["prompt_token_ids"], SamplingSettings(max_tokens=6, temperature=0,
+    ids, text, _, finish = alone(out["choices"][0]["prompt_token_ids"], SamplingParams(max_tokens=6, temperature=0,
                                                                            ignore_eos=True))
     assert out["choices"][0]["token_ids"] == ids and out["choices"][0]["text"] == text
     counted(reused_before, "prefill")
@@ -80,8 +82,8 @@ def test_a_stop_on_the_first_token_ends_the_answer_on_the_prefill(base_url):
     greedy = complete(base_url, max_tokens=4, temperature=0)
     first = greedy["choices"][0]["token_ids"][0]
     out = complete(base_url, max_tokens=4, temperature=0, stop_token_ids=[first])
-    ids, text, _, finish = alone(out["prompt_token_ids"], SamplingSettings(max_tokens=4, temperature=0,
-                                                                           stop_token_ids=(first,)))
+    ids, text, _, finish = alone(out["choices"][0]["prompt_token_ids"], SamplingParams(max_tokens=4, temperature=0,
+                                                                           stop_token_ids=[first]))
     assert out["choices"][0]["finish_reason"] == finish == "stop"
     assert out["choices"][0]["token_ids"] == ids and out["choices"][0]["text"] == text
     assert out["usage"]["completion_tokens"] == 1
@@ -95,13 +97,14 @@ def test_a_stop_on_the_first_token_ends_the_answer_on_the_prefill(base_url):
 
 def test_logprobs_of_the_reused_token_and_after_equal_one_engines(base_url):
     out = complete(base_url, max_tokens=5, temperature=0, logprobs=3)
-    ids, _, logprobs, _ = alone(out["prompt_token_ids"], SamplingSettings(max_tokens=5, temperature=0, logprobs=3))
+    ids, _, logprobs, _ = alone(out["choices"][0]["prompt_token_ids"], SamplingParams(max_tokens=5, temperature=0, logprobs=3))
     got = out["choices"][0]["logprobs"]
     assert out["choices"][0]["token_ids"] == ids
-    assert got["token_logprobs"] == pytest.approx([lp.logprob for lp in logprobs], abs=1e-4)
+    assert got["token_logprobs"] == pytest.approx([lp[t].logprob for t, lp in zip(ids, logprobs)], abs=1e-4)
     # The completions format keys the top tokens by text (two tokens may share one): build the
-    # reference the same way.
-    expected_top = [{t.token: t.logprob for t in reversed(lp.top)} for lp in logprobs]
+    # reference the same way, from vLLM's per-position {token id: Logprob} (rank 1..3).
+    expected_top = [{e.decoded_token: e.logprob for e in sorted(lp.values(), key=lambda e: -e.rank) if e.rank <= 3}
+                    for lp in logprobs]
     assert [sorted(top) for top in got["top_logprobs"]] == [sorted(top) for top in expected_top]
     for top, expected in zip(got["top_logprobs"], expected_top):
         assert top == pytest.approx(expected, abs=1e-4)
@@ -110,8 +113,8 @@ def test_logprobs_of_the_reused_token_and_after_equal_one_engines(base_url):
 def test_a_regex_constraint_falls_back_and_equals_one_engine(base_url):
     before = first_token_count("decode", "structured_output")
     out = complete(base_url, max_tokens=8, temperature=0, structured_outputs={"regex": "[a-z]{3} [0-9]{2}"})
-    ids, text, _, _ = alone(out["prompt_token_ids"], SamplingSettings(
-        max_tokens=8, temperature=0, structured=StructuredOutput("regex", "[a-z]{3} [0-9]{2}")))
+    ids, text, _, _ = alone(out["choices"][0]["prompt_token_ids"], SamplingParams(
+        max_tokens=8, temperature=0, structured_outputs=StructuredOutputsParams(regex="[a-z]{3} [0-9]{2}")))
     assert out["choices"][0]["text"] == text and out["choices"][0]["token_ids"] == ids
     counted(before, "decode", "structured_output")
 
@@ -119,7 +122,7 @@ def test_a_regex_constraint_falls_back_and_equals_one_engine(base_url):
 def test_a_seed_with_sampling_falls_back_and_equals_one_engine(base_url):
     before = first_token_count("decode", "seeded_sampling")
     out = complete(base_url, max_tokens=8, temperature=0.9, seed=11, ignore_eos=True)
-    ids, text, _, _ = alone(out["prompt_token_ids"], SamplingSettings(max_tokens=8, temperature=0.9, seed=11,
+    ids, text, _, _ = alone(out["choices"][0]["prompt_token_ids"], SamplingParams(max_tokens=8, temperature=0.9, seed=11,
                                                                       ignore_eos=True))
     assert out["choices"][0]["token_ids"] == ids and out["choices"][0]["text"] == text
     counted(before, "decode", "seeded_sampling")

@@ -20,6 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import jsonschema
 import pytest
+from vllm import SamplingParams
 import regex
 
 from tests.conftest import REPO
@@ -63,9 +64,9 @@ def decode_only(prompt_ids: list[int], **sampling) -> list:
     """All TokenChunks of a request served by decode alone (handoff None: no remote prefill)."""
     import uuid
 
-    from cluster.protocol import EngineRequest, SamplingSettings
+    from cluster.protocol import EngineRequest
 
-    request = EngineRequest(f"decode-only-{uuid.uuid4().hex}", tuple(prompt_ids), SamplingSettings(**sampling))
+    request = EngineRequest(f"decode-only-{uuid.uuid4().hex}", tuple(prompt_ids), SamplingParams(**sampling))
     return list(_handle("interactive-decode").options(stream=True).generate.remote(request, None))
 
 
@@ -101,7 +102,7 @@ def _decode_stats():
 
 
 def test_json_schema_holds_for_20_seeded_prompts_via_pd_and_decode_only(base_url, tokenizer):
-    from cluster.protocol import StructuredOutput
+    
 
     messages = [[{"role": "user", "content": f"Describe item number {i} as JSON."}] for i in range(20)]
     fmt = {"type": "json_schema", "json_schema": {"name": "item", "schema": SCHEMA, "strict": True}}
@@ -237,7 +238,7 @@ SPEC_SCRIPT = textwrap.dedent('''
     def main():
         from cluster.config import EngineConfig, KVTransferConfig
         from cluster.engine import EngineSpec, VLLMEngine, _read_vllm_metrics
-        from cluster.protocol import EngineRequest, SamplingSettings
+        from cluster.protocol import EngineRequest
 
         model, prompts = Path(sys.argv[1]), json.loads(sys.argv[2])
         engine_cfg = EngineConfig.model_validate({"kv_cache_bytes": 64 << 20, "max_num_seqs": 4, "speculative": {
@@ -248,7 +249,7 @@ SPEC_SCRIPT = textwrap.dedent('''
         engine = VLLMEngine(spec)
 
         async def run(ids):
-            req = EngineRequest(uuid.uuid4().hex, tuple(ids), SamplingSettings(max_tokens=24, temperature=0,
+            req = EngineRequest(uuid.uuid4().hex, tuple(ids), SamplingParams(max_tokens=24, temperature=0,
                                                                                  ignore_eos=True))
             return [t for chunk in [c async for c in engine.decode(req, None)] for t in chunk.token_ids]
 

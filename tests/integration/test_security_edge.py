@@ -17,8 +17,9 @@ from typing import Optional
 
 import httpx
 import pytest
+from vllm import SamplingParams
 
-from cluster.protocol import EngineRequest, SamplingSettings
+from cluster.protocol import EngineRequest
 from kv_transfer.handoff import Handoff
 from tests.integration.test_faults_kv_transfer import decode_text
 from tests.integration.conftest import GATEWAY_PORT, MODEL_NAME, metric, replica_stats, wait_for_metric
@@ -250,7 +251,7 @@ def test_a_malformed_kv_frame_is_counted_and_the_index_rebuilt(base_url):
         prompt = [rng.randrange(5, 250) for _ in range(3 * block + 5)]
         hashes = BlockHasher(block, stats["hash_seed"]).hashes(prompt)
         decode = serve.get_deployment_handle(DECODE, app_name="tandem")
-        request = EngineRequest(f"kv-frame-{uuid.uuid4()}", tuple(prompt), SamplingSettings(max_tokens=2, temperature=0))
+        request = EngineRequest(f"kv-frame-{uuid.uuid4()}", tuple(prompt), SamplingParams(max_tokens=2, temperature=0))
         for _ in decode.options(stream=True).generate.remote(request, None):
             pass
         deadline = time.monotonic() + 30
@@ -272,7 +273,7 @@ def test_a_malformed_kv_frame_is_counted_and_the_index_rebuilt(base_url):
         assert not sub.crashed
         assert index.match(hashes) == {stats["worker_id"]: len(hashes)}
         prompt2 = [rng.randrange(5, 250) for _ in range(2 * block)]
-        request2 = EngineRequest(f"kv-frame-{uuid.uuid4()}", tuple(prompt2), SamplingSettings(max_tokens=2))
+        request2 = EngineRequest(f"kv-frame-{uuid.uuid4()}", tuple(prompt2), SamplingParams(max_tokens=2))
         for _ in decode.options(stream=True).generate.remote(request2, None):
             pass
         hashes2 = BlockHasher(block, stats["hash_seed"]).hashes(prompt2)
@@ -295,7 +296,7 @@ def test_a_handoff_past_its_lease_is_recomputed_never_pulled(base_url):
     decode = serve.get_deployment_handle(DECODE, app_name="tandem")
     rng = random.Random(time.time_ns())
     prompt = tuple(rng.randrange(5, 250) for _ in range(300))
-    sampling = SamplingSettings(max_tokens=8, temperature=0, ignore_eos=True)
+    sampling = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True)
     request = EngineRequest(f"lease-{uuid.uuid4()}", prompt, sampling)
     result = prefill.prefill.remote(request).result()
     assert result.lease_deadline is not None and result.lease_deadline > time.time()
@@ -324,7 +325,7 @@ def test_two_tenants_salts_keep_their_prefix_caches_apart(base_url):
 
     def cached_tokens(salt: Optional[str]) -> float:
         before = next(iter(replica_stats(DECODE, 1).values())).prompt_tokens_cached
-        request = EngineRequest(f"tenant-{uuid.uuid4()}", prompt, SamplingSettings(max_tokens=1), cache_salt=salt)
+        request = EngineRequest(f"tenant-{uuid.uuid4()}", prompt, SamplingParams(max_tokens=1), cache_salt=salt)
         decode_text(decode, request, None)
         return next(iter(replica_stats(DECODE, 1).values())).prompt_tokens_cached - before
 

@@ -77,7 +77,7 @@ def test_completion_greedy_equals_transformers(base_url, reference, prompt):
     resp = httpx.post(f"{base_url}/v1/completions", json=body, timeout=120)
     assert resp.status_code == 200, resp.text
     out = resp.json()
-    prompt_ids = out["prompt_token_ids"]
+    prompt_ids = out["choices"][0]["prompt_token_ids"]
     assert prompt_ids == reference.tokenizer(prompt)["input_ids"]
     assert out["choices"][0]["token_ids"] == reference(prompt_ids)
     assert out["usage"]["prompt_tokens"] == len(prompt_ids)

@@ -1,23 +1,66 @@
-"""Helpers shared by the OpenAI edge tests: clients, SSE parsing, error-shape assertions."""
+"""Helpers shared by the OpenAI edge tests: the real edge (vLLM's app over tandem's engine
+client and middleware) on the tiny test model, over a fake backend; SSE parsing; error-shape
+assertions."""
 
 from __future__ import annotations
 
+import functools
 import json
-from typing import Any, Optional
+from typing import Any, Callable, Mapping, Optional
 
 import httpx
 from fastapi.testclient import TestClient
 
-from router.openai.app import build_openai_app
+from tests.conftest import TEST_STATE
 from tests.fakes import FakeBackend
 
-MODEL = "tandem-test"
+MODEL = "tiny-llama"
+TIER = "interactive"
+MAX_MODEL_LEN = 256
 
 
-def make_client(backend: Optional[FakeBackend] = None, **app_kwargs: Any) -> tuple[TestClient, FakeBackend]:
-    backend = backend or FakeBackend(model_id=MODEL)
+@functools.lru_cache(maxsize=1)
+def vllm_setup() -> tuple[Any, Any]:
+    """`vllm serve`'s arguments and VllmConfig for the tiny model (built once per process)."""
+    from cluster.models import make_tiny_llama
+    from router.openai.app import vllm_config_of, vllm_server_args
+
+    model = make_tiny_llama(TEST_STATE / "models" / "tiny-llama")
+    args = vllm_server_args(model_path=model, served_name=MODEL, dtype="float32", max_model_len=MAX_MODEL_LEN,
+                            tool_parser="hermes")
+    return args, vllm_config_of(args)
+
+
+class _BuiltOnFirstCall:
+    """vLLM's app state is built by a coroutine: build it on the test client's own loop."""
+
+    def __init__(self, build: Callable[[], Any]) -> None:
+        self._build = build
+        self._app: Any = None
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if self._app is None:
+            self._app = await self._build()
+        await self._app(scope, receive, send)
+
+
+def make_client(backend: Optional[FakeBackend] = None, *, authenticate: Optional[Callable[[Mapping[str, str]], str]] = None,
+                rate_limit: Any = None, **edge_kwargs: Any) -> tuple[TestClient, FakeBackend]:
+    """The edge over `backend` (a new FakeBackend by default); `edge_kwargs` go to
+    build_openai_app (cache_salt, max_body_bytes, body_read_timeout_s, health_interval_s,
+    allowed_hosts)."""
+    from router.openai.app import build_openai_app
+    from router.openai.engine_client import PDEngineClient
+
+    backend = backend or FakeBackend()
+    args, config = vllm_setup()
+    client = PDEngineClient(config, backend, TIER, rate_limit=rate_limit)
+    edge_kwargs.setdefault("health_interval_s", 0.0)
+    app = _BuiltOnFirstCall(lambda: build_openai_app(
+        client, args, authenticate=authenticate or (lambda headers: TIER), health_probe=backend.health,
+        **edge_kwargs))
     # raise_server_exceptions=False: we want to see the 500 the client would see.
-    return TestClient(build_openai_app(backend, **app_kwargs), raise_server_exceptions=False), backend
+    return TestClient(app, raise_server_exceptions=False), backend
 
 
 def sse_events(response: httpx.Response) -> list[Any]:
@@ -38,7 +81,7 @@ def assert_openai_error(
     response: httpx.Response,
     status: int,
     param: Optional[str] = None,
-    code: Optional[str] = None,
+    code: Optional[Any] = None,
     type_: Optional[str] = None,
     contains: Optional[str] = None,
 ) -> dict[str, Any]:

@@ -12,10 +12,9 @@ from cluster.config import AdmissionConfig
 from cluster.protocol import EngineRequest, SamplingSettings
 from router.admission import AdmissionControl, TierGate
 from router.concurrency_limit import AdaptiveLimit
-from router.openai.app import build_openai_app
 from router.openai.errors import OpenAIError
 from tests.fakes import FakeBackend
-from tests.unit.openai_helpers import MODEL, assert_openai_error
+from tests.unit.openai_helpers import MODEL, assert_openai_error, make_client
 
 LIMITS = {"interactive": AdmissionConfig(max_running=2, max_queued=1, queue_timeout_s=5, retry_after_s=3),
           "batch": AdmissionConfig(max_running=1, max_queued=1, queue_timeout_s=5, retry_after_s=7)}
@@ -229,7 +228,7 @@ def test_min_running_over_max_running_is_refused_at_the_edge():
 
 def test_batch_load_never_degrades_interactive_admission():
     async def main():
-        backend = FakeBackend(model_id=MODEL)
+        backend = FakeBackend()
         backend.hang_after = 1  # every stream holds its place until closed
         admission = AdmissionControl(backend, LIMITS, default_tier="interactive")
         held = [await start(admission, request("batch", "b0"))]
@@ -254,10 +253,10 @@ def test_batch_load_never_degrades_interactive_admission():
 
 
 def test_over_the_bound_is_429_with_retry_after_over_http():
-    backend = FakeBackend(model_id=MODEL)
+    backend = FakeBackend()
     admission = AdmissionControl(backend, {"interactive": AdmissionConfig(max_running=1, max_queued=0,
                                                                           retry_after_s=4)}, "interactive")
-    client = TestClient(build_openai_app(admission), raise_server_exceptions=False)
+    client = make_client(admission)[0]
     gate = admission.gates["interactive"]
     gate.running = 1  # a request in the pools takes the only place
     body = {"model": MODEL, "prompt": "hello", "max_tokens": 3}

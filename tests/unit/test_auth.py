@@ -9,9 +9,8 @@ from fastapi.testclient import TestClient
 
 from cluster.config import ClusterConfig
 from router.auth import ApiKeyAuth
-from router.openai.app import build_openai_app
 from tests.fakes import FakeBackend
-from tests.unit.openai_helpers import MODEL, assert_openai_error
+from tests.unit.openai_helpers import MODEL, assert_openai_error, make_client
 
 ACME_KEY = "sk-acme-0123456789"
 NIGHTLY_KEY = "sk-nightly-0123456789"
@@ -35,9 +34,9 @@ def config(tmp_path, monkeypatch, auth=None):
 
 @pytest.fixture
 def client(tmp_path, monkeypatch):
-    backend = FakeBackend(model_id=MODEL)
+    backend = FakeBackend()
     auth = ApiKeyAuth.from_config(config(tmp_path, monkeypatch))
-    return TestClient(build_openai_app(backend, authenticate=auth.tier_of), raise_server_exceptions=False), backend
+    return make_client(backend, authenticate=auth.tier_of)[0], backend
 
 
 def bearer(key):
@@ -99,8 +98,8 @@ def test_no_keys_runs_open_and_says_so(tmp_path, monkeypatch, caplog):
     with caplog.at_level(logging.WARNING, logger="router.auth"):
         auth = ApiKeyAuth.from_config(config(tmp_path, monkeypatch, auth={}))
     assert auth.open and "OPEN" in caplog.text
-    backend = FakeBackend(model_id=MODEL)
-    c = TestClient(build_openai_app(backend, authenticate=auth.tier_of))
+    backend = FakeBackend()
+    c, _ = make_client(backend, authenticate=auth.tier_of)
     assert c.post("/v1/completions", json=BODY).status_code == 200
     assert c.post("/v1/completions", json=BODY, headers={"X-Tandem-Tier": "batch"}).status_code == 200
     assert [r.tier for r in backend.requests] == ["interactive", "batch"]

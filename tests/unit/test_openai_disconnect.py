@@ -14,7 +14,6 @@ from typing import Any, Optional
 
 import pytest
 
-from router.openai.app import build_openai_app
 from tests.fakes import FakeBackend
 from tests.unit.openai_helpers import MODEL
 
@@ -62,7 +61,7 @@ class AsgiCall:
 
 
 def _hanging_backend() -> FakeBackend:
-    backend = FakeBackend(model_id=MODEL)
+    backend = FakeBackend()
     backend.hang_after = 2  # two tokens, then the "engine" stalls until cancelled
     return backend
 
@@ -104,7 +103,7 @@ def test_disconnect_while_waiting_for_a_non_streamed_answer_aborts() -> None:
 
 
 def test_disconnect_before_the_first_token_aborts() -> None:
-    backend = FakeBackend(model_id=MODEL)
+    backend = FakeBackend()
     backend.hang_after = 0
     call = AsgiCall("/v1/completions", {"model": MODEL, "prompt": "abc", "stream": True})
 
@@ -119,7 +118,7 @@ def test_disconnect_before_the_first_token_aborts() -> None:
 
 @pytest.mark.parametrize("stream", [False, True])
 def test_finished_requests_are_not_aborted(stream: bool) -> None:
-    backend = FakeBackend(model_id=MODEL)
+    backend = FakeBackend()
     call = AsgiCall("/v1/completions", {"model": MODEL, "prompt": "abc", "stream": stream})
     asyncio.run(call.run(build_openai_app(backend)))
     assert backend.aborted == []

@@ -11,7 +11,6 @@ from typing import Any, Optional
 import pytest
 
 from cluster.config import GatewayConfig
-from router.openai.app import build_openai_app
 from router.openai.health import HealthCache
 from router.openai.hosts import HostAllowList, default_allowed_hosts
 from tests.fakes import FakeBackend
@@ -63,7 +62,7 @@ def completion(text: str = "hello") -> bytes:
 
 
 def test_a_slow_body_is_a_408_within_the_deadline_while_others_keep_their_latency() -> None:
-    app = build_openai_app(FakeBackend(model_id=MODEL), body_read_timeout_s=0.5)
+    app = build_openai_app(FakeBackend(), body_read_timeout_s=0.5)
 
     async def main():
         slow = asyncio.create_task(call(app, "/v1/completions", completion(), stall_after=5))

@@ -12,16 +12,16 @@ import pytest
 from fastapi.testclient import TestClient
 
 from cluster.config import AuthConfig, ClusterConfig
-from cluster.protocol import EngineRequest, SamplingSettings
+from cluster.protocol import EngineRequest
+from vllm import SamplingParams
 from router.auth import ApiKeyAuth, cache_salt
 from router.hashing import DEFAULT_SEED, BlockHasher
-from router.openai.app import build_openai_app
 from router.prefix_index import BlockStored, MemoryPrefixIndex
 from router.routing.decider import PDDecider
 from router.routing.directory import PoolDirectory, ReplicaInfo
 from router.routing.service import KVRouter
 from tests.fakes import FakeBackend
-from tests.unit.openai_helpers import MODEL
+from tests.unit.openai_helpers import MODEL, make_client
 
 TOKENS = list(range(3, 3 + 4 * 9 + 2))  # 9 full blocks of 4 and a partial one
 
@@ -67,8 +67,8 @@ def test_each_tenant_gets_its_own_salt_in_the_engine_request(tmp_path):
                  "keys": [{"tenant": "a", "value": "sk-aaaaaaaaaa"}, {"tenant": "b", "value": "sk-bbbbbbbbbb"}]},
     })
     auth = ApiKeyAuth.from_config(cfg)
-    backend = FakeBackend(model_id=MODEL)
-    client = TestClient(build_openai_app(backend, authenticate=auth.tier_of, cache_salt=auth.cache_salt_of))
+    backend = FakeBackend()
+    client, _ = make_client(backend, authenticate=auth.tier_of, cache_salt=auth.cache_salt_of)
     body = {"model": MODEL, "prompt": "the same prompt", "max_tokens": 2}
     for key in ("sk-aaaaaaaaaa", "sk-bbbbbbbbbb", "sk-aaaaaaaaaa"):
         assert client.post("/v1/completions", json=body, headers={"Authorization": f"Bearer {key}"}).status_code == 200
@@ -76,17 +76,17 @@ def test_each_tenant_gets_its_own_salt_in_the_engine_request(tmp_path):
     assert salts[0] == salts[2] == cache_salt("a") and salts[1] == cache_salt("b") != salts[0]
     assert len(salts[0]) == 32 and salts[0] != "a"  # a digest: the tenant name does not reach the engines
     # Without the hook (share, or an open API) there is no salt.
-    open_backend = FakeBackend(model_id=MODEL)
-    TestClient(build_openai_app(open_backend)).post("/v1/completions", json=body)
+    open_backend = FakeBackend()
+    make_client(open_backend)[0].post("/v1/completions", json=body)
     assert open_backend.requests[0].cache_salt is None
 
 
 def test_both_hops_pass_the_salt_to_vllm():
     from cluster.engine import _prompt
 
-    salted = EngineRequest("r", (1, 2), SamplingSettings(max_tokens=1), cache_salt="s")
+    salted = EngineRequest("r", (1, 2), SamplingParams(max_tokens=1), cache_salt="s")
     assert _prompt(salted) == {"prompt_token_ids": [1, 2], "cache_salt": "s"}
-    assert _prompt(EngineRequest("r", (1, 2), SamplingSettings(max_tokens=1))) == {"prompt_token_ids": [1, 2]}
+    assert _prompt(EngineRequest("r", (1, 2), SamplingParams(max_tokens=1))) == {"prompt_token_ids": [1, 2]}
 
 
 def test_the_router_finds_a_tenants_prefix_only_for_that_tenant():
@@ -106,7 +106,7 @@ def test_the_router_finds_a_tenants_prefix_only_for_that_tenant():
                       rng=random.Random(0))
 
     def route(salt):
-        req = EngineRequest("r", tuple(TOKENS), SamplingSettings(max_tokens=1), cache_salt=salt)
+        req = EngineRequest("r", tuple(TOKENS), SamplingParams(max_tokens=1), cache_salt=salt)
         return asyncio.run(router.route(req, "interactive"))
 
     a = route(salt_a)

@@ -10,11 +10,10 @@ from fastapi.testclient import TestClient
 
 from cluster.config import ClusterConfig
 from router.auth import ApiKeyAuth
-from router.openai.app import build_openai_app
 from router.openai.errors import OpenAIError
 from router.ratelimit import RateLimit, RateLimiter, TenantLimiter, TokenBucket
 from tests.fakes import FakeBackend
-from tests.unit.openai_helpers import MODEL, assert_openai_error
+from tests.unit.openai_helpers import MODEL, assert_openai_error, make_client
 
 
 class Clock:
@@ -114,9 +113,8 @@ def test_edge_answers_429_with_retry_after_per_tenant(tmp_path):
     cfg = config(tmp_path, {"requests_per_minute": 2, "tokens_per_minute": 40})
     auth = ApiKeyAuth.from_config(cfg)
     limits = RateLimiter.from_config(cfg, clock)
-    backend = FakeBackend(model_id=MODEL)
-    client = TestClient(build_openai_app(backend, authenticate=auth.tier_of, rate_limit=limits.hook(auth.tenant_of)),
-                        raise_server_exceptions=False)
+    backend = FakeBackend()
+    client = make_client(backend, authenticate=auth.tier_of, rate_limit=limits.hook(auth.tenant_of))[0]
     body = {"model": MODEL, "prompt": "hello", "max_tokens": 3}  # FakeTokenizer: 5 + 3 = 8 tokens
     a, b = {"Authorization": f"Bearer {KEY_A}"}, {"Authorization": f"Bearer {KEY_B}"}
     assert client.post("/v1/completions", json=body, headers=a).status_code == 200

@@ -14,7 +14,6 @@ from fastapi.testclient import TestClient
 
 from cluster.config import ClusterConfig
 from router.auth import ApiKeyAuth
-from router.openai.app import build_openai_app
 from router.openai.errors import OpenAIError
 from router.ratelimit import RateLimit, RateLimiter
 from router.ratelimit_shared import SharedRateLimiter, rate_limiter_from_config
@@ -106,7 +105,7 @@ def test_config_picks_the_store_and_the_edge_answers_429(redis_server, tmp_path)
     limiter = rate_limiter_from_config(cfg)
     assert isinstance(limiter, SharedRateLimiter) and limiter.active
     auth = ApiKeyAuth.from_config(cfg)
-    app = build_openai_app(FakeBackend(model_id=MODEL), authenticate=auth.tier_of, rate_limit=limiter.hook(auth.tenant_of))
+    app = build_openai_app(FakeBackend(), authenticate=auth.tier_of, rate_limit=limiter.hook(auth.tenant_of))
     body = {"model": MODEL, "prompt": "hello", "max_tokens": 2}
     headers = {"Authorization": f"Bearer {key}"}
     with TestClient(app, raise_server_exceptions=False) as client:  # one event loop for the Redis client

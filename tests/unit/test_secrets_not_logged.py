@@ -11,10 +11,9 @@ from fastapi.testclient import TestClient
 
 from cluster.config import ClusterConfig
 from router.auth import ApiKeyAuth
-from router.openai.app import build_openai_app
 from router.ratelimit import RateLimiter
 from tests.fakes import FakeBackend
-from tests.unit.openai_helpers import MODEL
+from tests.unit.openai_helpers import MODEL, make_client
 
 FILE_KEY = "sk-file-5f2a9c0d1e7b"
 ENV_KEY = "sk-env-8e1d3b7a6c45"
@@ -44,9 +43,8 @@ def test_no_secret_in_logs_responses_or_config(tmp_path, monkeypatch, caplog):
     assert cfg.routing.index.resolve_redis_password() == REDIS_PASSWORD
     auth = ApiKeyAuth.from_config(cfg)
     limits = RateLimiter.from_config(cfg)
-    backend = FakeBackend(model_id=MODEL)
-    client = TestClient(build_openai_app(backend, authenticate=auth.tier_of, rate_limit=limits.hook(auth.tenant_of)),
-                        raise_server_exceptions=False)
+    backend = FakeBackend()
+    client = make_client(backend, authenticate=auth.tier_of, rate_limit=limits.hook(auth.tenant_of))[0]
     body = {"model": MODEL, "prompt": "hello", "max_tokens": 2}
 
     def post(key, **headers):

@@ -4,6 +4,7 @@ assertions."""
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import json
 from typing import Any, Callable, Mapping, Optional
@@ -37,16 +38,23 @@ class _BuiltOnFirstCall:
     def __init__(self, build: Callable[[], Any]) -> None:
         self._build = build
         self._app: Any = None
+        self._building: Any = None
+
+    async def built(self) -> Any:
+        if self._app is None:
+            if self._building is None:  # concurrent first calls wait for one build
+                self._building = asyncio.ensure_future(self._build())
+            self._app = await self._building
+        return self._app
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        if self._app is None:
-            self._app = await self._build()
-        await self._app(scope, receive, send)
+        await (await self.built())(scope, receive, send)
 
 
-def make_client(backend: Optional[FakeBackend] = None, *, authenticate: Optional[Callable[[Mapping[str, str]], str]] = None,
-                rate_limit: Any = None, **edge_kwargs: Any) -> tuple[TestClient, FakeBackend]:
-    """The edge over `backend` (a new FakeBackend by default); `edge_kwargs` go to
+def edge_app(backend: Optional[FakeBackend] = None, *,
+             authenticate: Optional[Callable[[Mapping[str, str]], str]] = None, rate_limit: Any = None,
+             **edge_kwargs: Any) -> Any:
+    """The edge as an ASGI app over `backend`, built on its first call; `edge_kwargs` go to
     build_openai_app (cache_salt, max_body_bytes, body_read_timeout_s, health_interval_s,
     allowed_hosts)."""
     from router.openai.app import build_openai_app
@@ -56,9 +64,16 @@ def make_client(backend: Optional[FakeBackend] = None, *, authenticate: Optional
     args, config = vllm_setup()
     client = PDEngineClient(config, backend, TIER, rate_limit=rate_limit)
     edge_kwargs.setdefault("health_interval_s", 0.0)
-    app = _BuiltOnFirstCall(lambda: build_openai_app(
+    return _BuiltOnFirstCall(lambda: build_openai_app(
         client, args, authenticate=authenticate or (lambda headers: TIER), health_probe=backend.health,
         **edge_kwargs))
+
+
+def make_client(backend: Optional[FakeBackend] = None, *, authenticate: Optional[Callable[[Mapping[str, str]], str]] = None,
+                rate_limit: Any = None, **edge_kwargs: Any) -> tuple[TestClient, FakeBackend]:
+    """A test client of `edge_app(backend, ...)` and the backend."""
+    backend = backend or FakeBackend()
+    app = edge_app(backend, authenticate=authenticate, rate_limit=rate_limit, **edge_kwargs)
     # raise_server_exceptions=False: we want to see the 500 the client would see.
     return TestClient(app, raise_server_exceptions=False), backend
 

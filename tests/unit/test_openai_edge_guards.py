@@ -14,7 +14,7 @@ from cluster.config import GatewayConfig
 from router.openai.health import HealthCache
 from router.openai.hosts import HostAllowList, default_allowed_hosts
 from tests.fakes import FakeBackend
-from tests.unit.openai_helpers import MODEL, assert_openai_error, make_client
+from tests.unit.openai_helpers import MODEL, assert_openai_error, edge_app, make_client
 
 
 async def call(app: Any, path: str, body: Optional[bytes] = None, *, stall_after: Optional[int] = None,
@@ -62,9 +62,10 @@ def completion(text: str = "hello") -> bytes:
 
 
 def test_a_slow_body_is_a_408_within_the_deadline_while_others_keep_their_latency() -> None:
-    app = build_openai_app(FakeBackend(), body_read_timeout_s=0.5)
+    app = edge_app(FakeBackend(), body_read_timeout_s=0.5)
 
     async def main():
+        await app.built()
         slow = asyncio.create_task(call(app, "/v1/completions", completion(), stall_after=5))
         await asyncio.sleep(0.05)
         fast = [await call(app, "/v1/completions", completion()) for _ in range(5)]
@@ -81,12 +82,13 @@ def test_a_slow_body_is_a_408_within_the_deadline_while_others_keep_their_latenc
 
 def test_a_body_within_the_deadline_is_served() -> None:
     client, _ = make_client(body_read_timeout_s=5)
-    assert client.post("/v1/completions", content=completion()).status_code == 200
+    r = client.post("/v1/completions", content=completion(), headers={"content-type": "application/json"})
+    assert r.status_code == 200, r.text
 
 
 class CountingBackend(FakeBackend):
     def __init__(self, delay_s: float = 0.05) -> None:
-        super().__init__(model_id=MODEL)
+        super().__init__()
         self.delay_s = delay_s
         self.probes = 0
 
@@ -98,7 +100,7 @@ class CountingBackend(FakeBackend):
 
 def test_concurrent_health_calls_make_at_most_one_probe_per_interval() -> None:
     backend = CountingBackend()
-    app = build_openai_app(backend, health_interval_s=0.5)
+    app = edge_app(backend, health_interval_s=0.5)
 
     async def main():
         first = await asyncio.gather(*(call(app, "/health") for _ in range(200)))

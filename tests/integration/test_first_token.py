@@ -103,11 +103,15 @@ def test_logprobs_of_the_reused_token_and_after_equal_one_engines(base_url):
     assert got["token_logprobs"] == pytest.approx([lp[t].logprob for t, lp in zip(ids, logprobs)], abs=1e-4)
     # The completions format keys the top tokens by text (two tokens may share one): build the
     # reference the same way, from vLLM's per-position {token id: Logprob} (rank 1..3).
-    expected_top = [{e.decoded_token: e.logprob for e in sorted(lp.values(), key=lambda e: -e.rank) if e.rank <= 3}
-                    for lp in logprobs]
-    assert [sorted(top) for top in got["top_logprobs"]] == [sorted(top) for top in expected_top]
-    for top, expected in zip(got["top_logprobs"], expected_top):
-        assert top == pytest.approx(expected, abs=1e-4)
+    # Texts two top tokens share are compared by presence only (which one's logprob the dict keeps
+    # is the response builder's choice).
+    for top, lp in zip(got["top_logprobs"], logprobs):
+        entries = [e for e in lp.values() if e.rank <= 3]
+        texts = [e.decoded_token for e in entries]
+        assert sorted(top) == sorted(set(texts))
+        for e in entries:
+            if texts.count(e.decoded_token) == 1:
+                assert top[e.decoded_token] == pytest.approx(e.logprob, abs=1e-4)
 
 
 def test_a_regex_constraint_falls_back_and_equals_one_engine(base_url):

@@ -1,0 +1,73 @@
+"""n > 1 and prompt logprobs through the P/D path, on the real cluster: one prefill, one KV
+transfer, the samples on decode's prefix cache; the prompt's logprobs computed where the
+prompt is (the prefill engine)."""
+
+from __future__ import annotations
+
+import random
+import time
+
+import httpx
+import pytest
+
+from tests.integration.conftest import MODEL_NAME, replica_stats
+
+pytestmark = pytest.mark.integration
+
+PREFILL, DECODE = "interactive-prefill", "interactive-decode"
+
+
+def totals(deployment: str, replicas: int) -> dict[str, float]:
+    stats = replica_stats(deployment, replicas).values()
+    return {field: sum(getattr(s, field) for s in stats)
+            for field in ("prompt_tokens_computed", "prompt_tokens_cached", "prompt_tokens_transferred", "kv_transfers")}
+
+
+def delta(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    return {k: after[k] - before[k] for k in before}
+
+
+def fresh_prompt() -> list[int]:
+    rng = random.Random(time.time_ns())
+    return [rng.randrange(5, 250) for _ in range(200)]  # token ids: nothing cached anywhere
+
+
+def test_n3_prefills_once_and_pulls_the_kv_once(base_url):
+    prompt = fresh_prompt()
+    pre_before, dec_before = totals(PREFILL, 2), totals(DECODE, 1)
+    r = httpx.post(f"{base_url}/v1/completions", timeout=120, json={
+        "model": MODEL_NAME, "prompt": prompt, "max_tokens": 6, "temperature": 0, "n": 3, "ignore_eos": True})
+    assert r.status_code == 200, r.text
+    choices = r.json()["choices"]
+    assert sorted(c["index"] for c in choices) == [0, 1, 2]
+    assert len({c["text"] for c in choices}) == 1  # greedy: three equal samples
+    assert r.json()["usage"]["completion_tokens"] == 18
+    pre, dec = delta(pre_before, totals(PREFILL, 2)), delta(dec_before, totals(DECODE, 1))
+    assert pre["prompt_tokens_computed"] == len(prompt)  # the prompt computed once
+    assert dec["prompt_tokens_transferred"] == len(prompt)  # and pulled once
+    # The other two samples found the prompt's full blocks in decode's prefix cache.
+    assert dec["prompt_tokens_cached"] >= 2 * (len(prompt) // 16 * 16 - 16)
+    assert dec["prompt_tokens_computed"] < 2 * 32 + 1
+
+    with httpx.stream("POST", f"{base_url}/v1/completions", timeout=120, json={
+            "model": MODEL_NAME, "prompt": fresh_prompt(), "max_tokens": 4, "temperature": 0, "n": 3,
+            "stream": True}) as s:
+        indexes = {int(line.split('"index":')[1].split(",")[0]) for line in s.iter_lines()
+                   if line.startswith("data: {")}
+    assert indexes == {0, 1, 2}
+
+
+def test_prompt_logprobs_and_echo_come_from_the_prefill(base_url):
+    prompt = fresh_prompt()[:40]
+    dec_before = totals(DECODE, 1)
+    r = httpx.post(f"{base_url}/v1/completions", timeout=120, json={
+        "model": MODEL_NAME, "prompt": prompt, "max_tokens": 3, "temperature": 0, "prompt_logprobs": 1,
+        "echo": True, "logprobs": 1, "return_token_ids": True})
+    assert r.status_code == 200, r.text
+    choice = r.json()["choices"][0]
+    assert len(choice["prompt_logprobs"]) == len(prompt) and choice["prompt_logprobs"][0] is None
+    assert all(entry for entry in choice["prompt_logprobs"][1:])
+    # echo: the prompt's tokens lead the logprobs, then the three generated ones.
+    assert len(choice["logprobs"]["token_logprobs"]) == len(prompt) + 3
+    dec = delta(dec_before, totals(DECODE, 1))
+    assert dec["prompt_tokens_transferred"] == len(prompt)  # decode did not recompute the prompt for them

@@ -4,7 +4,8 @@ vLLM's serving code answers every OpenAI request as `vllm serve` does. What is t
 happens here, in this order, before vLLM sees the request:
 
 1. `/livez` (this process answers) and `/health` (every pool ready; one probe per
-   `health_interval_s` whatever the call rate) are answered here.
+   `health_interval_s` whatever the call rate) are answered here; vLLM's engine-control and
+   metrics routes are not served (NOT_SERVED).
 2. Readiness: until every pool has answered once, the API answers 503 (vLLM's server does not
    answer before its engine is up; clients that wait on /v1/models must not send into a
    loading cluster).
@@ -41,6 +42,10 @@ log = logging.getLogger(__name__)
 # Routes anyone may call: probes, and the API's description.
 OPEN_PATHS = frozenset({"/health", "/livez", "/ping", "/version", "/docs", "/docs/oauth2-redirect", "/redoc",
                         "/openapi.json"})
+# vLLM's routes about its own engine, not the API: tandem's engines are the cluster's (metrics
+# are Ray metrics on each node's metrics port; KV-event endpoints carry prompts' token ids).
+NOT_SERVED = frozenset({"/metrics", "/scale_elastic_ep", "/is_scaling_elastic_ep", "/kv_event_sources",
+                        "/v1/systemone"})
 _OFF_LOOP_BYTES = 64 * 1024  # bodies beyond this are decoded and checked in a thread
 
 
@@ -102,6 +107,9 @@ class TandemEdge:
             if path == "/health":
                 await self._health(scope, receive, send)
                 return
+            if path in NOT_SERVED or path.startswith("/metrics/"):
+                raise OpenAIError(404, f"{path} is not served on the API port.", "invalid_request_error", None,
+                                  "unknown_url")
             if path not in OPEN_PATHS:
                 await self._check_ready()
             tier = self.authenticate(headers) if path not in OPEN_PATHS else None

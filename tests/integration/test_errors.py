@@ -59,26 +59,32 @@ def test_prompt_over_context_is_400_naming_the_limit(base_url):
     assert str(MAX_MODEL_LEN) in _assert_openai_error(resp, 400)["message"]
 
 
-@pytest.mark.parametrize("body, param, code", [
-    ({"max_tokens": 0}, "max_tokens", "invalid_value"),
-    ({"max_tokens": -5}, "max_tokens", "invalid_value"),
-    ({"max_tokens": 10**30}, "prompt", "context_length_exceeded"),  # huge: the context says no
-    ({"seed": 2**64}, "seed", "invalid_value"),  # beyond the engine's 64-bit generator
-    ({"temperature": "hot"}, "temperature", "invalid_value"),
-    ({"best_of": 3}, "best_of", "unsupported_parameter"),  # OpenAI's, not served here
-    ({"frobnicate": True}, "frobnicate", "unknown_parameter"),  # nobody's
+@pytest.mark.parametrize("body, param", [
+    ({"max_tokens": 0}, "max_tokens"),
+    ({"max_tokens": -5}, "max_tokens"),
+    ({"max_tokens": 10**30}, "max_tokens"),  # huge: the context says no
+    ({"seed": 2**64}, "seed"),  # beyond the engine's 64-bit generator
+    ({"temperature": "hot"}, "temperature"),
 ])
-def test_bad_parameters_are_clear_400s(base_url, body, param, code):
+def test_bad_parameters_are_clear_400s_naming_the_field(base_url, body, param):
+    """As vLLM's own server answers them (its serving code is the edge); the differential
+    test (test_compat_differential.py) holds every answer to a plain vLLM server's."""
     resp = httpx.post(f"{base_url}/v1/completions", json={"model": MODEL_NAME, "prompt": "hi", **body}, timeout=30)
     error = _assert_openai_error(resp, 400)
-    assert (error["param"], error["code"]) == (param, code), error
+    assert param in f"{error['param']} {error['message']}", error
+
+
+def test_unknown_fields_are_ignored_as_vllm_does(base_url):
+    resp = httpx.post(f"{base_url}/v1/completions", timeout=60,
+                      json={"model": MODEL_NAME, "prompt": "hi", "max_tokens": 2, "frobnicate": True})
+    assert resp.status_code == 200, resp.text
 
 
 def test_invalid_utf8_is_400(base_url):
     raw = b'{"model": "' + MODEL_NAME.encode() + b'", "prompt": "caf\xe9"}'  # Latin-1, not UTF-8
     resp = httpx.post(f"{base_url}/v1/completions", content=raw, headers={"Content-Type": "application/json"},
                       timeout=30)
-    assert "UTF-8" in _assert_openai_error(resp, 400)["message"]
+    assert "UTF-8" in _assert_openai_error(resp, 400)["message"]  # tandem's edge: vLLM's would 500
 
 
 def test_body_over_the_configured_size_is_413(cluster, base_url):

@@ -1,9 +1,11 @@
 """Schema-based fuzzing of the real gateway: schemathesis generates requests from the gateway's
-own /openapi.json, valid ones (positive) and ones that break the schema (negative: wrong types,
-unknown fields, missing fields, out-of-range numbers), and sends them to the running cluster.
+own /openapi.json (vLLM's, as its serving code is the edge), valid ones (positive) and ones that
+break the schema (negative: wrong types, missing fields, out-of-range numbers), for the two
+generation routes, and sends them to the running cluster.
 
 Every answer must be below 500, and every error must be OpenAI's shape
-({"error": {"message", "type", "param", "code"}}); negative cases must be refused (4xx).
+({"error": {"message", "type", "param", "code"}}). Unknown fields are accepted and ignored, as
+vLLM's server does, so a negative case may be served.
 
 Cost cap (said here because it changes what is generated): the cluster generates real tokens,
 so every positive body gets `max_tokens` (and `max_completion_tokens`, `min_tokens`) of at most
@@ -26,19 +28,27 @@ import schemathesis
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 from schemathesis import GenerationMode
-from schemathesis.checks import negative_data_rejection, not_a_server_error, response_schema_conformance
+from schemathesis.checks import not_a_server_error
 
-from router.openai.openapi import ERROR_SCHEMA
 from tests.integration.conftest import MODEL_NAME
+
+ERROR_SCHEMA = {
+    "type": "object", "required": ["error"],
+    "properties": {"error": {"type": "object", "required": ["message", "type", "param", "code"],
+                             "properties": {"message": {"type": "string", "minLength": 1},
+                                            "type": {"type": "string", "minLength": 1}}}},
+}
+ROUTES = ("/v1/chat/completions", "/v1/completions")
 
 pytestmark = pytest.mark.integration
 
-CASES = 1200
+CASES = 600
 MAX_TOKENS = 2
 
 
 def _served_model_only(doc: dict[str, Any]) -> dict[str, Any]:
     doc = copy.deepcopy(doc)
+    doc["paths"] = {path: {"post": doc["paths"][path]["post"]} for path in ROUTES}
     for name in ("ChatCompletionRequest", "CompletionRequest"):
         doc["components"]["schemas"][name]["properties"]["model"] = {"type": "string", "enum": [MODEL_NAME]}
     return doc
@@ -70,13 +80,11 @@ def _check_openai_error(response: Any) -> None:
 
 def test_openapi_describes_the_public_routes(base_url):
     doc = httpx.get(f"{base_url}/openapi.json", timeout=30).json()
-    assert {"/v1/chat/completions", "/v1/completions", "/v1/models", "/v1/models/{model}", "/health"} <= set(doc["paths"])
-    for path, model in (("/v1/chat/completions", "ChatCompletionRequest"), ("/v1/completions", "CompletionRequest")):
-        body = doc["paths"][path]["post"]["requestBody"]["content"]["application/json"]["schema"]
-        assert body == {"$ref": f"#/components/schemas/{model}"}
-        schema = doc["components"]["schemas"][model]
-        assert schema["additionalProperties"] is False and "model" in schema["required"]
-    assert "/metrics" not in doc["paths"]
+    assert {*ROUTES, "/v1/models", "/v1/responses", "/tokenize", "/detokenize", "/version"} <= set(doc["paths"])
+    for name in ("ChatCompletionRequest", "CompletionRequest"):
+        assert "model" in doc["components"]["schemas"][name]["properties"]
+    # vLLM documents /metrics; the edge does not serve it on the API port (router/openai/edge.py).
+    assert httpx.get(f"{base_url}/metrics", timeout=30).status_code == 404
 
 
 def test_fuzz_the_gateway_from_its_openapi(base_url):
@@ -97,10 +105,7 @@ def test_fuzz_the_gateway_from_its_openapi(base_url):
         mode = case.meta.generation.mode.value if case.meta is not None else "?"
         key = (case.operation.label, mode, response.status_code)
         seen[key] = seen.get(key, 0) + 1
-        checks = [not_a_server_error, response_schema_conformance]
-        if mode == "negative":
-            checks.append(negative_data_rejection)
-        case.validate_response(response, checks=checks)
+        case.validate_response(response, checks=[not_a_server_error])
         if response.status_code >= 400:
             _check_openai_error(response)
 
@@ -110,7 +115,7 @@ def test_fuzz_the_gateway_from_its_openapi(base_url):
     print(f"\nfuzz: {total} cases in {elapsed:.0f} s")
     for key in sorted(seen):
         print("  ", *key, seen[key])
-    assert total >= 1000
+    assert total >= 500
     # Both kinds reached both generation routes, and some valid bodies really generated tokens.
     for label in ("POST /v1/chat/completions", "POST /v1/completions"):
         assert any(k[0] == label and k[1] == "negative" and k[2] == 400 for k in seen), seen

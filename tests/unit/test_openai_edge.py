@@ -138,3 +138,9 @@ def test_the_openai_sdk_talks_to_the_edge() -> None:
     # The assistant message as the SDK dumps it, appended to the history: the next turn works.
     history = [*CHAT, chat.choices[0].message.model_dump(), {"role": "user", "content": "and?"}]
     assert sdk.chat.completions.create(model=MODEL, messages=history, max_tokens=1).choices
+
+
+@pytest.mark.parametrize("path", ["/metrics", "/kv_event_sources", "/scale_elastic_ep"])
+def test_vllms_engine_routes_are_not_on_the_api_port(path: str) -> None:
+    client, _ = make_client()
+    assert_openai_error(client.post(path, json={}), 404, code="unknown_url")

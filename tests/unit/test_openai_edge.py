@@ -144,3 +144,34 @@ def test_the_openai_sdk_talks_to_the_edge() -> None:
 def test_vllms_engine_routes_are_not_on_the_api_port(path: str) -> None:
     client, _ = make_client()
     assert_openai_error(client.post(path, json={}), 404, code="unknown_url")
+
+
+def test_the_models_generation_config_fills_omitted_sampling_settings(tmp_path) -> None:
+    """As `vllm serve`: generation_config.json's temperature/top_p/top_k apply when a request
+    omits them, and a request's own value wins."""
+    import asyncio
+    import shutil
+
+    from fastapi.testclient import TestClient
+
+    from router.openai.app import build_openai_app, vllm_config_of, vllm_server_args
+    from router.openai.engine_client import PDEngineClient
+    from tests.unit.openai_helpers import vllm_setup
+
+    model = tmp_path / "tiny-with-defaults"
+    shutil.copytree(vllm_setup()[0].model, model)
+    config = json.loads((model / "generation_config.json").read_text())
+    (model / "generation_config.json").write_text(json.dumps({**config, "temperature": 0.3, "top_p": 0.5,
+                                                              "top_k": 7}))
+    args = vllm_server_args(model_path=model, served_name=MODEL, dtype="float32", max_model_len=256)
+    backend = FakeBackend()
+    engine_client = PDEngineClient(vllm_config_of(args), backend, TIER)
+    app = asyncio.run(build_openai_app(engine_client, args, authenticate=lambda h: TIER,
+                                       health_probe=backend.health, health_interval_s=0))
+    client = TestClient(app)
+    body = {"model": MODEL, "messages": CHAT, "max_tokens": 1}
+    assert client.post("/v1/chat/completions", json=body).status_code == 200
+    assert client.post("/v1/chat/completions", json={**body, "temperature": 0.9}).status_code == 200
+    defaults, own = (r.sampling for r in backend.requests)
+    assert (defaults.temperature, defaults.top_p, defaults.top_k) == (0.3, 0.5, 7)
+    assert own.temperature == 0.9 and own.top_p == 0.5

@@ -307,6 +307,7 @@ class DisaggregatedBackend:
         tasks = [asyncio.ensure_future(run(i, s)) for i, s in enumerate(samples)]
         try:
             running = n
+            finished = 0  # counted by finished outputs: a sample's stream may close after another's last output
             while running:
                 i, item = await queue.get()
                 if isinstance(item, BaseException):
@@ -314,10 +315,11 @@ class DisaggregatedBackend:
                 if item is None:
                     running -= 1
                     continue
+                finished += bool(item.finished)
                 output = copy.copy(item)
                 output.request_id = request.request_id
                 output.outputs = [replace(c, index=i) for c in item.outputs]
-                output.finished = bool(item.finished and running == 1)
+                output.finished = bool(item.finished and finished == n)
                 if prompt_logprobs is not None:
                     output.prompt_logprobs, prompt_logprobs = prompt_logprobs, None
                 yield output

@@ -13,6 +13,8 @@ from dataclasses import replace
 from vllm import SamplingParams
 
 from cluster.protocol import EngineRequest, finish_reason, new_token_ids
+from router import disagg
+from tests.fakes import RecordingMetric
 from tests.unit.test_disagg_abort import TIER, make_backend
 
 PROMPT_LOGPROBS = [None, {2: -1.0}, {3: -2.0}]  # stands in for vLLM's per-position dicts
@@ -79,7 +81,9 @@ def collect(backend, req) -> list:
     return asyncio.run(main())
 
 
-def test_n_samples_share_one_prefill_and_one_decode_replica():
+def test_n_samples_share_one_prefill_and_one_decode_replica(monkeypatch):
+    counted = RecordingMetric()
+    monkeypatch.setattr(disagg, "FIRST_TOKEN", counted)
     backend, pools = make_backend()
     rec = Recorder(pools)
     req = request("req-0", n=3, temperature=0.8, seed=10, max_tokens=4)
@@ -108,6 +112,7 @@ def test_n_samples_share_one_prefill_and_one_decode_replica():
     assert [o.finished for o in outputs] == [False] * (len(outputs) - 1) + [True]
     assert sorted(o.outputs[0].index for o in outputs if o.outputs[0].finish_reason == "length") == [0, 1, 2]
     assert backend._hops == {} and backend._samples == {}
+    assert counted.values("inc", path="decode", reason="n") == [1]  # counted once per request
 
 
 def test_samples_that_finish_together_still_end_the_request_once():

@@ -199,3 +199,32 @@ def test_without_reuse_the_prefills_prompt_logprobs_ride_on_decodes_first_output
     assert rec.requests("generate")["req-5"].prompt_token_ids == (1, 2, 3)
     assert [o.request_id for o in outputs] == ["fake", "fake"]
     assert outputs[0].prompt_logprobs == PROMPT_LOGPROBS and outputs[1].prompt_logprobs is None
+
+
+def test_abort_while_the_n_request_waits_for_its_prefill_reaches_the_prefill_replica():
+    async def main():
+        backend, pools = make_backend(hang_prefill=True)
+        task = asyncio.ensure_future(anext(backend.generate(request("req-6", n=2, temperature=0.8, max_tokens=4))))
+        await asyncio.sleep(0.05)
+        await backend.abort("req-6")
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        await asyncio.sleep(0.05)
+        return backend, pools
+
+    backend, pools = asyncio.run(main())
+    assert pools.prefill.replica_of("abort", "req-6-s0") == pools.prefill.replica_of("prefill", "req-6-s0")
+    assert len(pools.prefill.replica_of("abort", "req-6-s0")) == 1
+    assert pools.decode.calls == []
+    assert backend._hops == {} and backend._samples == {}
+
+
+def test_n_samples_the_decider_keeps_local_skip_the_prefill_pool():
+    from tests.unit.test_decider_path import make_backend as decider_backend
+
+    backend, pools = decider_backend(queued_prompt_tokens=20_000)
+    req = EngineRequest("req-7", tuple(range(300)), SamplingParams(n=2, temperature=0.8, max_tokens=3), tier=TIER)
+    outputs = collect(backend, req)
+    assert pools.prefill.calls == []
+    assert [r for rid in ("req-7-s0", "req-7-s1") for r in pools.decode.replica_of("generate", rid)] == ["d0", "d0"]
+    assert sum(len(new_token_ids(o)) for o in outputs) == 6 and outputs[-1].finished

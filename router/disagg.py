@@ -236,8 +236,11 @@ class DisaggregatedBackend:
 
     async def generate(self, request: EngineRequest) -> AsyncIterator[Any]:
         if request.sampling.n > 1:
-            async for output in self._generate_n(request):
-                yield output
+            try:
+                async for output in self._generate_n(request):
+                    yield output
+            finally:  # also when it ends before its samples' decode began (cancelled during the prefill)
+                self._samples.pop(request.request_id, None)
             return
         pools = self._tier(request)
         tier = request.tier or self._default_tier
@@ -327,7 +330,6 @@ class DisaggregatedBackend:
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
-            self._samples.pop(request.request_id, None)
 
     async def _decode(self, request: EngineRequest, handoff: Optional[Handoff], decision: Optional[RouteDecision],
                       path: str, pool: Any) -> AsyncIterator[Any]:

@@ -159,14 +159,18 @@ def test_n_samples_without_a_handoff_all_compute_the_prompt_on_decode():
     assert sorted(o.outputs[0].index for o in outputs) == [0, 0, 1, 1] and outputs[-1].finished
 
 
-def test_prompt_logprobs_of_n_samples_come_from_the_prefill_once():
+def test_prompt_logprobs_of_n_samples_come_from_the_prefill_on_each_samples_first_output():
+    """Computed once, by the prefill; but as vLLM's own n yields them (each sample's first
+    output has them), since vLLM's streaming echo reads them per choice."""
     backend, pools = make_backend()
     rec = Recorder(pools, prompt_logprobs=PROMPT_LOGPROBS)
-    outputs = collect(backend, request("req-3", n=2, temperature=0.8, max_tokens=2, prompt_logprobs=1))
+    outputs = collect(backend, request("req-3", n=2, temperature=0.8, max_tokens=3, prompt_logprobs=1))
     assert rec.sent["prefill"][0][0].sampling.prompt_logprobs == 1  # computed where the prompt is
     assert [r.sampling.prompt_logprobs for r in rec.requests("generate").values()] == [None, None]
     assert outputs[0].prompt_logprobs == PROMPT_LOGPROBS
-    assert all(o.prompt_logprobs is None for o in outputs[1:])
+    for i in range(2):
+        of_sample = [o.prompt_logprobs for o in outputs if o.outputs[0].index == i]
+        assert of_sample == [PROMPT_LOGPROBS, None, None], i
 
 
 def test_first_token_reuse_yields_the_prefills_output_first_and_decode_continues_after_it():

@@ -311,6 +311,7 @@ class DisaggregatedBackend:
         try:
             running = n
             finished = 0  # counted by finished outputs: a sample's stream may close after another's last output
+            started: set[int] = set()
             while running:
                 i, item = await queue.get()
                 if isinstance(item, BaseException):
@@ -323,8 +324,11 @@ class DisaggregatedBackend:
                 output.request_id = request.request_id
                 output.outputs = [replace(c, index=i) for c in item.outputs]
                 output.finished = bool(item.finished and finished == n)
-                if prompt_logprobs is not None:
-                    output.prompt_logprobs, prompt_logprobs = prompt_logprobs, None
+                if prompt_logprobs is not None and i not in started:
+                    # The prefill's, as vLLM's own n yields them: on each sample's first output
+                    # (its streaming echo reads them per choice).
+                    started.add(i)
+                    output.prompt_logprobs = prompt_logprobs
                 yield output
         finally:
             for task in tasks:

@@ -232,3 +232,27 @@ def test_n_samples_the_decider_keeps_local_skip_the_prefill_pool():
     assert pools.prefill.calls == []
     assert [r for rid in ("req-7-s0", "req-7-s1") for r in pools.decode.replica_of("generate", rid)] == ["d0", "d0"]
     assert sum(len(new_token_ids(o)) for o in outputs) == 6 and outputs[-1].finished
+
+
+def test_without_a_handoff_each_samples_decode_computes_its_prompt_logprobs():
+    backend, pools = make_backend(hang_prefill=True, prefill_timeout_s=0.05)
+    rec = Recorder(pools)
+    decoded = {}  # request_id → the prompt logprobs its decode's first output carried
+    stream_of = rec._stream
+
+    def stream(inner, rid):  # a decode that computed the prompt's logprobs itself, as asked
+        async def outputs():
+            first = True
+            async for output in stream_of(inner, rid):
+                if first and rec.requests("generate")[rid].sampling.prompt_logprobs:
+                    output.prompt_logprobs = decoded[rid] = [None, {rid: -1.0}]
+                first = False
+                yield output
+        return outputs()
+
+    rec._stream = stream
+    outputs = collect(backend, request("req-8", n=2, temperature=0.8, max_tokens=2, prompt_logprobs=1))
+    assert [r.sampling.prompt_logprobs for r in rec.requests("generate").values()] == [1, 1]
+    for i in range(2):
+        of_sample = [o.prompt_logprobs for o in outputs if o.outputs[0].index == i]
+        assert of_sample == [decoded[f"req-8-s{i}"], None], i

@@ -9,19 +9,17 @@ import random
 from types import SimpleNamespace
 
 import pytest
-from fastapi.testclient import TestClient
+from vllm import SamplingParams
 
 from cluster.config import AuthConfig, ClusterConfig
-from cluster.protocol import EngineRequest, SamplingSettings
+from cluster.protocol import EngineRequest
 from router.auth import ApiKeyAuth, cache_salt
 from router.hashing import DEFAULT_SEED, BlockHasher
-from router.openai.app import build_openai_app
 from router.prefix_index import BlockStored, MemoryPrefixIndex
 from router.routing.decider import PDDecider
 from router.routing.directory import PoolDirectory, ReplicaInfo
 from router.routing.service import KVRouter
 from tests.fakes import FakeBackend
-from tests.unit.openai_helpers import MODEL
 
 TOKENS = list(range(3, 3 + 4 * 9 + 2))  # 9 full blocks of 4 and a partial one
 
@@ -60,7 +58,14 @@ def test_isolation_defaults_to_isolate_with_keys_and_share_when_open():
     assert not AuthConfig(tenants={"a": {"tier": "interactive"}}, keys=keys, prefix_cache="share").isolates_prefix_cache()
 
 
+# Over HTTP, the real edge (build_openai_app, tests/unit/openai_helpers.py): its imports stay
+# inside, so the other tests here do not depend on the edge's test helpers.
 def test_each_tenant_gets_its_own_salt_in_the_engine_request(tmp_path):
+    from fastapi.testclient import TestClient
+
+    from router.openai.app import build_openai_app
+    from tests.unit.openai_helpers import MODEL
+
     cfg = ClusterConfig.model_validate({
         "model": {"path": str(tmp_path)},
         "auth": {"tenants": {"a": {"tier": "interactive"}, "b": {"tier": "interactive"}},
@@ -84,9 +89,9 @@ def test_each_tenant_gets_its_own_salt_in_the_engine_request(tmp_path):
 def test_both_hops_pass_the_salt_to_vllm():
     from cluster.engine import _prompt
 
-    salted = EngineRequest("r", (1, 2), SamplingSettings(max_tokens=1), cache_salt="s")
+    salted = EngineRequest("r", (1, 2), SamplingParams(max_tokens=1), cache_salt="s")
     assert _prompt(salted) == {"prompt_token_ids": [1, 2], "cache_salt": "s"}
-    assert _prompt(EngineRequest("r", (1, 2), SamplingSettings(max_tokens=1))) == {"prompt_token_ids": [1, 2]}
+    assert _prompt(EngineRequest("r", (1, 2), SamplingParams(max_tokens=1))) == {"prompt_token_ids": [1, 2]}
 
 
 def test_the_router_finds_a_tenants_prefix_only_for_that_tenant():
@@ -106,7 +111,7 @@ def test_the_router_finds_a_tenants_prefix_only_for_that_tenant():
                       rng=random.Random(0))
 
     def route(salt):
-        req = EngineRequest("r", tuple(TOKENS), SamplingSettings(max_tokens=1), cache_salt=salt)
+        req = EngineRequest("r", tuple(TOKENS), SamplingParams(max_tokens=1), cache_salt=salt)
         return asyncio.run(router.route(req, "interactive"))
 
     a = route(salt_a)

@@ -236,8 +236,11 @@ class DisaggregatedBackend:
 
     async def generate(self, request: EngineRequest) -> AsyncIterator[Any]:
         if request.sampling.n > 1:
-            async for output in self._generate_n(request):
-                yield output
+            try:
+                async for output in self._generate_n(request):
+                    yield output
+            finally:  # also when it ends before its samples' decode began (cancelled during the prefill)
+                self._samples.pop(request.request_id, None)
             return
         pools = self._tier(request)
         tier = request.tier or self._default_tier
@@ -307,6 +310,8 @@ class DisaggregatedBackend:
         tasks = [asyncio.ensure_future(run(i, s)) for i, s in enumerate(samples)]
         try:
             running = n
+            finished = 0  # counted by finished outputs: a sample's stream may close after another's last output
+            started: set[int] = set()
             while running:
                 i, item = await queue.get()
                 if isinstance(item, BaseException):
@@ -314,18 +319,21 @@ class DisaggregatedBackend:
                 if item is None:
                     running -= 1
                     continue
+                finished += bool(item.finished)
                 output = copy.copy(item)
                 output.request_id = request.request_id
                 output.outputs = [replace(c, index=i) for c in item.outputs]
-                output.finished = bool(item.finished and running == 1)
-                if prompt_logprobs is not None:
-                    output.prompt_logprobs, prompt_logprobs = prompt_logprobs, None
+                output.finished = bool(item.finished and finished == n)
+                if prompt_logprobs is not None and i not in started:
+                    # The prefill's, as vLLM's own n yields them: on each sample's first output
+                    # (its streaming echo reads them per choice).
+                    started.add(i)
+                    output.prompt_logprobs = prompt_logprobs
                 yield output
         finally:
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
-            self._samples.pop(request.request_id, None)
 
     async def _decode(self, request: EngineRequest, handoff: Optional[Handoff], decision: Optional[RouteDecision],
                       path: str, pool: Any) -> AsyncIterator[Any]:

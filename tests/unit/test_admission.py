@@ -6,22 +6,21 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from fastapi.testclient import TestClient
+from vllm import SamplingParams
 
 from cluster.config import AdmissionConfig
-from cluster.protocol import EngineRequest, SamplingSettings
+from cluster.protocol import EngineRequest
 from router.admission import AdmissionControl, TierGate
 from router.concurrency_limit import AdaptiveLimit
 from router.openai.errors import OpenAIError
 from tests.fakes import FakeBackend
-from tests.unit.openai_helpers import MODEL, assert_openai_error, make_client
 
 LIMITS = {"interactive": AdmissionConfig(max_running=2, max_queued=1, queue_timeout_s=5, retry_after_s=3),
           "batch": AdmissionConfig(max_running=1, max_queued=1, queue_timeout_s=5, retry_after_s=7)}
 
 
 def request(tier=None, rid="r"):
-    return EngineRequest(rid, (1, 2, 3), SamplingSettings(max_tokens=3), tier=tier)
+    return EngineRequest(rid, (1, 2, 3), SamplingParams(max_tokens=3), tier=tier)
 
 
 async def start(admission, req):
@@ -252,7 +251,13 @@ def test_batch_load_never_degrades_interactive_admission():
     asyncio.run(main())
 
 
+# -- over HTTP: the real edge (build_openai_app, tests/unit/openai_helpers.py). Its imports stay
+# in here so the tests above do not depend on the edge's test helpers.
+
+
 def test_over_the_bound_is_429_with_retry_after_over_http():
+    from tests.unit.openai_helpers import MODEL, assert_openai_error, make_client
+
     backend = FakeBackend()
     admission = AdmissionControl(backend, {"interactive": AdmissionConfig(max_running=1, max_queued=0,
                                                                           retry_after_s=4)}, "interactive")

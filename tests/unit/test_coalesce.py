@@ -8,7 +8,8 @@ import asyncio
 import pytest
 
 from cluster.coalesce import coalesced
-from cluster.protocol import TokenChunk, merge_chunks
+from cluster.protocol import finish_reason, merge_outputs, new_token_ids
+from tests.fakes import fake_output
 
 
 def join(items):
@@ -109,8 +110,20 @@ def test_an_error_arrives_after_the_items_before_it():
     assert "".join(asyncio.run(main())) == "ab"
 
 
-def test_token_chunks_merge_keeps_ids_logprobs_and_the_last_totals():
-    a = TokenChunk("He", (1,), None, 5, 1)
-    b = TokenChunk("llo", (2, 3), "stop", 5, 3)
-    merged = merge_chunks([a, b])
-    assert merged == TokenChunk("Hello", (1, 2, 3), "stop", 5, 3)
+def test_outputs_merge_keeps_ids_text_and_the_last_finish_without_touching_the_inputs():
+    from vllm.logprobs import Logprob
+
+    a = fake_output("r", "He", [1], cumulative_logprob=-0.5)
+    b = fake_output("r", "llo", [2, 3], "stop", cumulative_logprob=-1.5)
+    a.outputs[0].logprobs = [{1: Logprob(-0.5)}]
+    b.outputs[0].logprobs = [{2: Logprob(-0.25)}, {3: Logprob(-0.75)}]
+    merged = merge_outputs([a, b])
+    assert merged.outputs[0].text == "Hello"
+    assert list(new_token_ids(merged)) == [1, 2, 3]
+    assert finish_reason(merged) == "stop" and merged.finished
+    assert [next(iter(lp)) for lp in merged.outputs[0].logprobs] == [1, 2, 3]
+    assert merged.outputs[0].cumulative_logprob == -1.5  # the last total, as vLLM aggregates
+    # The decode replica's coalescer merges outputs it also handed on: the inputs stay as they were.
+    assert (a.outputs[0].text, list(a.outputs[0].token_ids), a.finished) == ("He", [1], False)
+    assert len(a.outputs[0].logprobs) == 1
+    assert list(b.outputs[0].token_ids) == [2, 3]

@@ -6,9 +6,10 @@ import asyncio
 import random
 
 import pytest
+from vllm import SamplingParams
 
 from cluster.config import RoutingConfig
-from cluster.protocol import EngineRequest, SamplingSettings
+from cluster.protocol import EngineRequest
 from router.routing.cost_model import PREFILL_PRIOR, STEP_PRIOR, EngineCostModel, LinearFit
 from router.routing.decider import (DecodeView, Objectives, PDDecider, PrefillView, RequestView, decide,
                                     predict_local)
@@ -188,7 +189,7 @@ def router(prefill_stats: dict, decode_stats: dict, *, mode="adaptive", timer=No
 
 
 def req(n: int, rid="r1") -> EngineRequest:
-    return EngineRequest(request_id=rid, prompt_token_ids=tuple(range(n)), sampling=SamplingSettings(max_tokens=4))
+    return EngineRequest(request_id=rid, prompt_token_ids=tuple(range(n)), sampling=SamplingParams(max_tokens=4))
 
 
 def test_the_router_sends_long_prompts_local_when_the_reported_prefill_queue_is_long():

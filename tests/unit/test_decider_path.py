@@ -7,7 +7,9 @@ from __future__ import annotations
 import asyncio
 import random
 
-from cluster.protocol import EngineRequest, SamplingSettings, TierPools
+from vllm import SamplingParams
+
+from cluster.protocol import EngineRequest, TierPools, new_token_ids
 from router.disagg import DisaggregatedBackend
 from router.routing.decider import Objectives, PDDecider
 from router.routing.directory import PoolDirectory, ReplicaInfo
@@ -28,17 +30,17 @@ def make_backend(queued_prompt_tokens: int, mode: str = "adaptive"):
     router = KVRouter(directories=dirs, index=None, weights={"load": 1.0}, decider=PDDecider(mode=mode),
                       subscribe=False, rng=random.Random(0), objectives={TIER: Objectives(ttft_s=1.0, itl_s=0.1)},
                       chunk_budgets={TIER: 64})
-    backend = DisaggregatedBackend(model_id="m", max_model_len=4096, tokenizer=None, pools={TIER: pools},
+    backend = DisaggregatedBackend(model_id="m", pools={TIER: pools},
                                    default_tier=TIER, prefill_timeout_s=5, router=router)
     return backend, pools
 
 
 def request(i: int, n: int = 300) -> EngineRequest:
-    return EngineRequest(f"req-{i}", tuple(range(n)), SamplingSettings(max_tokens=3), tier=TIER)
+    return EngineRequest(f"req-{i}", tuple(range(n)), SamplingParams(max_tokens=3), tier=TIER)
 
 
 async def tokens_of(backend, req) -> int:
-    return sum([len(c.token_ids) async for c in backend.generate(req)])
+    return sum([len(new_token_ids(o)) async for o in backend.generate(req)])
 
 
 def test_a_long_reported_prefill_queue_sends_the_prompt_to_decode_only():

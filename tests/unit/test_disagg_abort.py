@@ -13,7 +13,9 @@ import random
 
 import pytest
 
-from cluster.protocol import EngineRequest, SamplingSettings, TierPools
+from vllm import SamplingParams
+
+from cluster.protocol import EngineRequest, TierPools
 from router.disagg import DisaggregatedBackend
 from router.routing.decider import PDDecider
 from router.routing.directory import PoolDirectory
@@ -29,13 +31,13 @@ def make_backend(*, routed: bool = True, hang_prefill: bool = False, prefill_tim
                       decode=FakeServePool(dirs[(TIER, "decode")], ["d0", "d1", "d2"]))
     router = KVRouter(directories=dirs, index=None, weights={"load": 1.0}, decider=PDDecider(0),
                       subscribe=False, rng=random.Random(7)) if routed else None
-    backend = DisaggregatedBackend(model_id="m", max_model_len=64, tokenizer=None, pools={TIER: pools},
+    backend = DisaggregatedBackend(model_id="m", pools={TIER: pools},
                                    default_tier=TIER, prefill_timeout_s=prefill_timeout_s, router=router)
     return backend, pools
 
 
 def request(i: int) -> EngineRequest:
-    return EngineRequest(f"req-{i}", (1, 2, 3), SamplingSettings(max_tokens=1000), tier=TIER)
+    return EngineRequest(f"req-{i}", (1, 2, 3), SamplingParams(max_tokens=1000), tier=TIER)
 
 
 def test_abort_mid_stream_goes_to_the_decode_replica_of_the_request():

@@ -9,7 +9,10 @@ import pytest
 
 from dataclasses import replace
 
-from cluster.protocol import InvalidEngineRequest, StructuredOutput
+from vllm import SamplingParams
+from vllm.sampling_params import StructuredOutputsParams
+
+from cluster.protocol import InvalidEngineRequest
 from router.openai.errors import OpenAIError
 from tests.unit.test_disagg_abort import make_backend, request
 
@@ -21,8 +24,8 @@ def test_a_request_the_engine_refuses_is_a_400_without_retry():
         backend, pools = make_backend()
         pools.decode.refuse = InvalidEngineRequest("Failed to transform regex into a grammar: backreference")
         # A regex constraint: decode samples every token itself (no first-token reuse).
-        constrained = replace(request(0), sampling=replace(request(0).sampling,
-                                                            structured=StructuredOutput("regex", r"(a)\1")))
+        constrained = replace(request(0), sampling=SamplingParams(
+            max_tokens=1000, structured_outputs=StructuredOutputsParams(regex=r"(a)\1")))
         with pytest.raises(OpenAIError) as exc:
             await anext(backend.generate(constrained))
         return pools, exc.value

@@ -9,40 +9,56 @@ from dataclasses import replace
 
 import pytest
 
-from cluster.protocol import EngineRequest, SamplingSettings, StructuredOutput, TokenChunk
+from vllm import SamplingParams
+from vllm.sampling_params import StructuredOutputsParams
+
+from cluster.protocol import EngineRequest, finish_reason, new_token_ids
 from kv_transfer.first_token import FirstTokenOffset, continuation, reuse_blocker, tokens_to_load
+from tests.fakes import fake_output
 from tests.unit.test_disagg_abort import make_backend
 
 
 @pytest.mark.parametrize("sampling, blocker", [
-    (SamplingSettings(max_tokens=8), None),
-    (SamplingSettings(max_tokens=8, temperature=0.7, top_p=0.9, top_k=5, min_p=0.1), None),
-    (SamplingSettings(max_tokens=8, stop=("\n",), stop_token_ids=(7,), repetition_penalty=1.2,
-                      logprobs=3, min_tokens=2, ignore_eos=True), None),
-    (SamplingSettings(max_tokens=8, seed=3, temperature=0.0), None),  # greedy: the seed draws nothing
-    (SamplingSettings(max_tokens=8, seed=3, temperature=0.8), "seeded_sampling"),
-    (SamplingSettings(max_tokens=8, structured=StructuredOutput("regex", "[a-z]+")), "structured_output"),
-    (SamplingSettings(max_tokens=8, presence_penalty=0.5), "penalties"),
-    (SamplingSettings(max_tokens=8, frequency_penalty=-0.5), "penalties"),
-    (SamplingSettings(max_tokens=8, stop=("\n", "END")), "stop_strings"),
+    (SamplingParams(max_tokens=8), None),
+    (SamplingParams(max_tokens=8, temperature=0.7, top_p=0.9, top_k=5, min_p=0.1), None),
+    (SamplingParams(max_tokens=8, stop=["\n"], stop_token_ids=[7], repetition_penalty=1.2,
+                    logprobs=3, min_tokens=2, ignore_eos=True), None),
+    (SamplingParams(max_tokens=8, seed=3, temperature=0.0), None),  # greedy: the seed draws nothing
+    (SamplingParams(max_tokens=8, seed=3, temperature=0.8), "seeded_sampling"),
+    (SamplingParams(max_tokens=8, structured_outputs=StructuredOutputsParams(regex="[a-z]+")), "structured_output"),
+    (SamplingParams(max_tokens=8, presence_penalty=0.5), "penalties"),
+    (SamplingParams(max_tokens=8, frequency_penalty=-0.5), "penalties"),
+    (SamplingParams(max_tokens=8, stop=["\n", "END"]), "stop_strings"),
+    (SamplingParams(max_tokens=8, n=2, temperature=0.8), "n"),
+    (SamplingParams(max_tokens=8, bad_words=["foo"]), "bad_words"),
 ])
 def test_reuse_blocker(sampling, blocker):
     assert reuse_blocker(sampling) == blocker
 
 
 def test_continuation_extends_the_prompt_and_shortens_the_bounds():
-    request = EngineRequest("r", (1, 2, 3), SamplingSettings(max_tokens=8, min_tokens=3), tier="batch")
-    after = continuation(request, TokenChunk("x", (9,), None, 3, 1))
+    request = EngineRequest("r", (1, 2, 3), SamplingParams(max_tokens=8, min_tokens=3, prompt_logprobs=2),
+                            tier="batch")
+    after = continuation(request, fake_output("r", "x", [9]))
     assert after.request_id == "r" and after.tier == "batch"
     assert after.prompt_token_ids == (1, 2, 3, 9)
     assert (after.sampling.max_tokens, after.sampling.min_tokens) == (7, 2)
-    assert continuation(replace(request, sampling=SamplingSettings(max_tokens=8)),
-                        TokenChunk("x", (9,))).sampling.min_tokens == 0
+    assert after.sampling.prompt_logprobs is None  # the prefill computed them over the real prompt
+    # The request's own SamplingParams are left as they were (the edge may still read them).
+    assert (request.sampling.max_tokens, request.sampling.min_tokens, request.sampling.prompt_logprobs) == (8, 3, 2)
+    assert continuation(replace(request, sampling=SamplingParams(max_tokens=8)),
+                        fake_output("r", "x", [9])).sampling.min_tokens == 0
 
 
-def test_offset_restates_decode_counters_as_the_clients():
-    offset = FirstTokenOffset(prompt_tokens=3, reused_tokens=1)
-    assert offset.apply(TokenChunk("y", (5,), None, 4, 2)) == TokenChunk("y", (5,), None, 3, 3)
+def test_offset_adds_the_first_tokens_cumulative_logprob_to_decodes():
+    decoded = fake_output("r", "y", [5], cumulative_logprob=-1.0)
+    restated = FirstTokenOffset(-0.5).apply(decoded)
+    assert restated.outputs[0].cumulative_logprob == -1.5
+    assert list(new_token_ids(restated)) == [5] and restated.outputs[0].text == "y"
+    assert decoded.outputs[0].cumulative_logprob == -1.0  # the input is not changed
+    # No cumulative logprob on either side: nothing to add.
+    assert FirstTokenOffset(None).apply(decoded).outputs[0].cumulative_logprob == -1.0
+    assert FirstTokenOffset(-0.5).apply(fake_output("r", "y", [5])).outputs[0].cumulative_logprob is None
 
 
 @pytest.mark.parametrize("params, vllm_count, computed, expected", [
@@ -58,6 +74,20 @@ def test_tokens_to_load_never_exceeds_what_the_prefill_computed(params, vllm_cou
     assert tokens_to_load(params, vllm_count, computed) == expected
 
 
+def record(pool, method: str) -> list[tuple]:
+    """The arguments of every `method.remote` call on a FakeServePool, which still answers."""
+    sent = []
+    inner = getattr(pool, method)
+
+    class Recording:
+        def remote(self, *args):
+            sent.append(args)
+            return inner.remote(*args)
+
+    setattr(pool, method, Recording())
+    return sent
+
+
 def _collect(backend, request):
     async def main():
         return [chunk async for chunk in backend.generate(request)]
@@ -66,7 +96,8 @@ def _collect(backend, request):
 
 def test_the_prefill_token_goes_first_and_decode_continues_after_it():
     backend, pools = make_backend()
-    request = EngineRequest("req-1", (1, 2, 3), SamplingSettings(max_tokens=3), tier="interactive")
+    request = EngineRequest("req-1", (1, 2, 3), SamplingParams(max_tokens=3, min_tokens=2), tier="interactive")
+    sent = record(pools.decode, "generate")
 
     async def bounded():
         it = backend.generate(request)
@@ -77,12 +108,16 @@ def test_the_prefill_token_goes_first_and_decode_continues_after_it():
         return first, calls, second
 
     first, calls_at_first, second = asyncio.run(bounded())
-    assert first.token_ids == (1,) and first.num_prompt_tokens == 3 and first.num_output_tokens == 1
+    assert list(new_token_ids(first)) == [1] and first.outputs[0].text == "a"  # the fake prefill's token
+    assert not first.finished and finish_reason(first) is None
     assert calls_at_first == []  # the first token left before the decode hop began
     assert pools.decode.replica_of("generate", "req-1") != []
-    # The fake decode reports its own running count (0) over a 4-token prompt: restated as the
-    # client's, the reused token counts as output and not as prompt.
-    assert (second.num_prompt_tokens, second.num_output_tokens) == (3, 1)
+    assert list(new_token_ids(second)) == [1]  # decode's own next token
+    # Decode continues after the reused token: prompt + token, the bounds one less.
+    (continued, handoff), = sent
+    assert continued.prompt_token_ids == (1, 2, 3, 1)
+    assert (continued.sampling.max_tokens, continued.sampling.min_tokens) == (2, 1)
+    assert handoff is not None
 
 
 def test_an_answer_that_ends_on_the_first_token_never_calls_decode(monkeypatch):
@@ -94,19 +129,20 @@ def test_an_answer_that_ends_on_the_first_token_never_calls_decode(monkeypatch):
     async def finished(self, request_id, first_token):
         result = await original(self, request_id, first_token)
         return replace(result, kv_transfer_params=None,
-                       first=TokenChunk("a", (2,), "stop", 3, 1)) if self.name == "prefill" else result
+                       first=fake_output(request_id, "a", [2], "stop")) if self.name == "prefill" else result
 
     monkeypatch.setattr(fakes._FakeMethod, "_answer", finished)
-    chunks = _collect(backend, EngineRequest("req-2", (1, 2, 3), SamplingSettings(max_tokens=5), tier="interactive"))
-    assert [c.finish_reason for c in chunks] == ["stop"]
+    outputs = _collect(backend, EngineRequest("req-2", (1, 2, 3), SamplingParams(max_tokens=5), tier="interactive"))
+    assert [finish_reason(o) for o in outputs] == ["stop"]
     assert pools.decode.replica_of("generate", "req-2") == []
     assert backend._hops == {}
 
 
 def test_a_request_the_prefill_cannot_serve_exactly_asks_no_first_token():
     backend, pools = make_backend()
-    request = EngineRequest("req-3", (1, 2, 3), SamplingSettings(max_tokens=5, presence_penalty=1.0),
+    request = EngineRequest("req-3", (1, 2, 3), SamplingParams(max_tokens=5, presence_penalty=1.0),
                             tier="interactive")
+    prefills = record(pools.prefill, "prefill")
 
     async def main():
         it = backend.generate(request)
@@ -115,5 +151,6 @@ def test_a_request_the_prefill_cannot_serve_exactly_asks_no_first_token():
         return first
 
     first = asyncio.run(main())
-    assert first.text == "a" and first.num_output_tokens == 0  # from the fake decode, not the prefill
+    assert first.request_id == "fake"  # from the fake decode's stream, not the prefill's output
     assert pools.decode.replica_of("generate", "req-3") != []
+    assert [args[1] for args in prefills] == [False]  # the prompt still went to prefill, for its KV only

@@ -91,10 +91,10 @@ class _RecordingEngine:
         self.params = []
 
     async def decode(self, request, params):
-        from cluster.protocol import TokenChunk
+        from tests.fakes import fake_output
 
         self.params.append(params)
-        yield TokenChunk(text="x", token_ids=(1,), finish_reason="length")
+        yield fake_output(request.request_id, "x", [1], "length")
 
 
 def _decode_worker():
@@ -109,14 +109,16 @@ def test_decode_recomputes_an_expired_handoff_and_counts_it(monkeypatch):
     import asyncio
     import time
 
-    from cluster.protocol import EngineRequest, SamplingSettings
+    from vllm import SamplingParams
+
+    from cluster.protocol import EngineRequest
     from decode_workers import deployment
 
     counted = []
     monkeypatch.setattr(deployment.HANDOFFS_EXPIRED, "labels", lambda **kw: type(
         "C", (), {"inc": lambda self, n=1: counted.append(kw)})())
     worker = _decode_worker()
-    request = EngineRequest("r", (1, 2, 3), SamplingSettings(max_tokens=1))
+    request = EngineRequest("r", (1, 2, 3), SamplingParams(max_tokens=1))
 
     async def run(handoff):
         return [c async for c in worker.generate(request, handoff)]
@@ -132,7 +134,9 @@ def test_prefill_stamps_the_lease_when_the_prefill_returns():
     import contextlib
     import time
 
-    from cluster.protocol import EngineRequest, PrefillResult, SamplingSettings
+    from vllm import SamplingParams
+
+    from cluster.protocol import EngineRequest, PrefillResult
     from kv_transfer.handoff import KV_LEASE_S, LEASE_MARGIN_S
     from prefill_workers.deployment import PrefillWorker
 
@@ -147,5 +151,5 @@ def test_prefill_stamps_the_lease_when_the_prefill_returns():
     worker = object.__new__(PrefillWorker.func_or_class)
     worker.engine, worker._signals = Engine(), Signals()
     before = time.time()
-    result = asyncio.run(worker.prefill(EngineRequest("r", (1, 2, 3), SamplingSettings(max_tokens=1))))
+    result = asyncio.run(worker.prefill(EngineRequest("r", (1, 2, 3), SamplingParams(max_tokens=1))))
     assert before + KV_LEASE_S - LEASE_MARGIN_S <= result.lease_deadline <= time.time() + KV_LEASE_S - LEASE_MARGIN_S

@@ -5,12 +5,13 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+from vllm import SamplingParams
 
 from cluster import engine_metrics
 from cluster.engine_metrics import EngineMetricsExporter
 from cluster import metrics
 from cluster.metrics import Counter, Gauge, Histogram
-from cluster.protocol import EngineRequest, SamplingSettings
+from cluster.protocol import EngineRequest, finish_reason
 from router import request_metrics
 from router.openai.errors import too_many_requests
 from router.request_metrics import MeasuredBackend, outcome_of, route_label
@@ -100,7 +101,7 @@ def recorded(monkeypatch):
 
 
 def _request(max_tokens: int, tier=None) -> EngineRequest:
-    return EngineRequest("r1", (5, 6, 7, 8), SamplingSettings(max_tokens=max_tokens), tier=tier)
+    return EngineRequest("r1", (5, 6, 7, 8), SamplingParams(max_tokens=max_tokens), tier=tier)
 
 
 async def _drain(backend, request):
@@ -125,7 +126,7 @@ def test_a_stream_closed_after_its_last_chunk_counts_as_ok(recorded):
     async def like_the_edge():  # router/openai/app.py breaks out at the finish reason
         stream = backend.generate(_request(2))
         async for chunk in stream:
-            if chunk.finish_reason is not None:
+            if finish_reason(chunk) is not None:
                 break
         await stream.aclose()
 

@@ -8,7 +8,7 @@ from pydantic import ValidationError
 
 from cluster.config import ClusterConfig, EngineConfig
 from cluster.engine import _sampling_params, engine_levers
-from cluster.protocol import SamplingSettings, StructuredOutput
+from cluster.protocol import EngineRequest
 
 
 def _cfg(prefill: dict | None = None, decode: dict | None = None, **model) -> ClusterConfig:
@@ -29,6 +29,7 @@ def test_levers_reach_vllm_engine_arguments() -> None:
     assert args["kv_cache_dtype"] == "fp8" and args["enable_chunked_prefill"] is True
     assert args["quantization"] == "fp8" and args["tensor_parallel_size"] == 2
     assert args["structured_outputs_config"] == {"backend": "xgrammar", "disable_any_whitespace": True}
+    assert engine_levers(eng, "qwen3")["structured_outputs_config"]["reasoning_parser"] == "qwen3"
     assert args["speculative_config"] == {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 1,
                                           "prompt_lookup_max": 5}
     defaults = engine_levers(EngineConfig())
@@ -66,13 +67,21 @@ def test_tensor_parallel_needs_enough_gpus() -> None:
 
 
 def test_prefill_drops_decoding_time_extras_decode_keeps_them() -> None:
-    settings = SamplingSettings(max_tokens=8, logprobs=2, structured=StructuredOutput("regex", "[0-9]+"),
-                                presence_penalty=0.5, stop_token_ids=(7,), top_k=4)
-    prefill = _sampling_params(settings, max_tokens=1, kv_params={"do_remote_decode": True}, prefill=True)
+    from vllm import SamplingParams
+    from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
+
+    sampling = SamplingParams(max_tokens=8, min_tokens=3, logprobs=2, presence_penalty=0.5, stop_token_ids=[7],
+                              top_k=4, structured_outputs=StructuredOutputsParams(regex="[0-9]+"))
+    request = EngineRequest("r", (1, 2, 3), sampling)
+    prefill = _sampling_params(request, max_tokens=1, kv_params={"do_remote_decode": True}, prefill=True)
     assert prefill.logprobs is None and prefill.structured_outputs is None and prefill.max_tokens == 1
-    decode = _sampling_params(settings, max_tokens=8, kv_params=None)
+    assert prefill.min_tokens == 1  # never above the hop's max_tokens
+    assert prefill.extra_args == {"kv_transfer_params": {"do_remote_decode": True}}
+    decode = _sampling_params(request, max_tokens=8, kv_params=None)
     assert decode.logprobs == 2 and decode.structured_outputs.regex == "[0-9]+"
-    assert (decode.presence_penalty, decode.stop_token_ids, decode.top_k) == (0.5, [7], 4)
-    choice = _sampling_params(SamplingSettings(max_tokens=2, structured=StructuredOutput("choice", '["a", "b"]')),
-                              max_tokens=2, kv_params=None)
-    assert choice.structured_outputs.choice == ["a", "b"]
+    assert (decode.presence_penalty, decode.stop_token_ids, decode.top_k, decode.min_tokens) == (0.5, [7], 4, 3)
+    assert decode.output_kind == prefill.output_kind == RequestOutputKind.DELTA
+    assert not decode.extra_args
+    # Each hop gets a copy: the request's own SamplingParams stay as the edge made them.
+    assert (sampling.max_tokens, sampling.logprobs, sampling.extra_args) == (8, 2, None)
+    assert sampling.structured_outputs is not None and sampling.output_kind == RequestOutputKind.CUMULATIVE

@@ -194,7 +194,9 @@ def test_router_restarts_a_dead_subscriber():
     import asyncio
     import random
 
-    from cluster.protocol import EngineRequest, SamplingSettings
+    from vllm import SamplingParams
+
+    from cluster.protocol import EngineRequest
     from router.routing.decider import PDDecider
     from router.routing.directory import PoolDirectory, ReplicaInfo
     from router.routing.service import KVRouter
@@ -204,7 +206,7 @@ def test_router_restarts_a_dead_subscriber():
     prefill = PoolDirectory()
     router = KVRouter(directories={("interactive", "prefill"): prefill}, index=index, weights={"prefix": 1.0},
                       decider=PDDecider(0), rng=random.Random(0), clock=iter(range(0, 10**6, 10)).__next__)
-    req = EngineRequest("r", tuple(range(8)), SamplingSettings(max_tokens=1))
+    req = EngineRequest("r", tuple(range(8)), SamplingParams(max_tokens=1))
     worker = "interactive-prefill-p1"
     try:
         prefill.set_replicas([ReplicaInfo("p1", 4, {"worker_id": worker, "block_size": 4,
@@ -229,7 +231,9 @@ def test_router_follows_workers_that_join_and_forgets_those_that_leave():
     import asyncio
     import random
 
-    from cluster.protocol import EngineRequest, SamplingSettings
+    from vllm import SamplingParams
+
+    from cluster.protocol import EngineRequest
     from router.routing.decider import PDDecider
     from router.routing.directory import PoolDirectory, ReplicaInfo
     from router.routing.service import KVRouter
@@ -239,7 +243,7 @@ def test_router_follows_workers_that_join_and_forgets_those_that_leave():
     prefill = PoolDirectory()
     router = KVRouter(directories={("interactive", "prefill"): prefill}, index=index, weights={"prefix": 1.0},
                       decider=PDDecider(0), rng=random.Random(0), clock=iter(range(0, 10**6, 10)).__next__)
-    req = EngineRequest("r", tuple(range(8)), SamplingSettings(max_tokens=1))
+    req = EngineRequest("r", tuple(range(8)), SamplingParams(max_tokens=1))
     try:
         prefill.set_replicas([ReplicaInfo("p1", 4, {"worker_id": "interactive-prefill-p1", "block_size": 4,
                                                     "kv_events": pub.endpoint, "kv_replay": pub.replay_endpoint})])

@@ -8,8 +8,9 @@ import random
 from collections import Counter
 
 import pytest
+from vllm import SamplingParams
 
-from cluster.protocol import EngineRequest, SamplingSettings
+from cluster.protocol import EngineRequest
 from router.hashing import BlockHasher, external_hash
 from router.prefix_index import BlockStored, IndexUnavailable, MemoryPrefixIndex
 from router.routing.decider import PDDecider
@@ -108,7 +109,7 @@ def directory(*names: str, block_size: int = 4, pool: str = "prefill") -> PoolDi
 
 
 def request(tokens, rid="r1") -> EngineRequest:
-    return EngineRequest(request_id=rid, prompt_token_ids=tuple(tokens), sampling=SamplingSettings(max_tokens=4))
+    return EngineRequest(request_id=rid, prompt_token_ids=tuple(tokens), sampling=SamplingParams(max_tokens=4))
 
 
 def kv_router(index, decider=PDDecider(0), prefill=("p1", "p2"), decode=("d1",)) -> KVRouter:

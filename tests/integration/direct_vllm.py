@@ -24,7 +24,6 @@ import pytest
 from cluster.engine import CPU_ENGINE_NICENESS
 from cluster.vllm_plugin import ENGINE_NICE
 from tests.conftest import TEST_STATE
-from tests.integration.conftest import MAX_MODEL_LEN, MODEL_NAME
 
 DIRECT_VLLM_PORT = 8791  # clear of the test cluster's 8765-8767 and the GPU suite's 8795-8796
 READY_TIMEOUT_S = 300
@@ -33,17 +32,28 @@ LOG_TAIL_CHARS = 4000
 
 
 def direct_vllm_command(model_dir: Path, port: int = DIRECT_VLLM_PORT) -> list[str]:
-    """The api_server command line, mirroring integration_config's engine settings."""
-    structured = {"backend": "xgrammar", "disable_any_whitespace": True}  # json_disable_whitespace
-    return [
+    """The api_server command line, built from what integration_config gives the test
+    cluster's decode engines, so the two cannot drift apart."""
+    # Imported here: tests/integration/conftest.py may import this module's fixture.
+    from tests.integration.conftest import integration_config
+
+    cfg = integration_config(model_dir)
+    model, engine = cfg.model, cfg.tiers[cfg.default_tier].decode.engine
+    structured = {"backend": engine.structured_outputs_backend, "disable_any_whitespace": engine.json_disable_whitespace}
+    cmd = [
         sys.executable, "-m", "vllm.entrypoints.openai.api_server",
-        "--model", str(model_dir), "--served-model-name", MODEL_NAME, "--dtype", "float32",
-        "--max-model-len", str(MAX_MODEL_LEN), "--kv-cache-memory-bytes", str(64 << 20),
-        "--max-num-seqs", "8", "--enforce-eager",
-        "--structured-outputs-config", json.dumps(structured),
-        "--tool-call-parser", "hermes", "--enable-auto-tool-choice",
+        "--model", str(model_dir), "--served-model-name", model.served_name, "--dtype", model.dtype,
+        "--max-model-len", str(model.max_model_len), "--kv-cache-memory-bytes", str(int(engine.kv_cache_bytes)),
+        "--max-num-seqs", str(engine.max_num_seqs), "--structured-outputs-config", json.dumps(structured),
         "--host", "127.0.0.1", "--port", str(port),
     ]
+    if engine.enforce_eager:
+        cmd.append("--enforce-eager")
+    if not engine.enable_prefix_caching:
+        cmd.append("--no-enable-prefix-caching")
+    if model.tool_parser:
+        cmd += ["--tool-call-parser", model.tool_parser, "--enable-auto-tool-choice"]
+    return cmd
 
 
 def direct_vllm_environment() -> dict[str, str]:

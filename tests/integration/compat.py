@@ -25,7 +25,7 @@ SHAPE_DEPTH = 5
 DYNAMIC_KEYS = ("choices[].logprobs.top_logprobs[]", "prompt_logprobs[]", "choices[].prompt_logprobs[]")
 TAG_KEYS = ("type", "object")  # string values that are part of the shape
 REQUEST_TIMEOUT_S = 120
-MAX_LISTED = 6  # key paths listed per side in a shape difference
+MAX_LISTED = 12  # key paths listed per side in a shape difference
 
 
 class Difference(BaseModel):

@@ -1,0 +1,128 @@
+"""One plain vLLM OpenAI server (`python -m vllm.entrypoints.openai.api_server`) on the tiny
+float32 test model, for the differential test (issue 15): what vLLM's own server answers is
+the reference tandem is held to.
+
+It is started the way the integration cluster's engines are configured
+(tests/integration/conftest.py, integration_config): same served name, dtype, context length,
+KV cache size, batch size, eager mode, xgrammar without free JSON whitespace, and the hermes
+tool parser. Register it with `pytest_plugins = ["tests.integration.direct_vllm"]`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from cluster.engine import CPU_ENGINE_NICENESS
+from cluster.vllm_plugin import ENGINE_NICE
+from tests.conftest import TEST_STATE
+
+DIRECT_VLLM_PORT = 8791  # clear of the test cluster's 8765-8767 and the GPU suite's 8795-8796
+READY_TIMEOUT_S = 300
+STATE = TEST_STATE / "direct-vllm"
+LOG_TAIL_CHARS = 4000
+
+
+def direct_vllm_command(model_dir: Path, port: int = DIRECT_VLLM_PORT) -> list[str]:
+    """The api_server command line, built from what integration_config gives the test
+    cluster's decode engines, so the two cannot drift apart."""
+    # Imported here: tests/integration/conftest.py may import this module's fixture.
+    from tests.integration.conftest import integration_config
+
+    cfg = integration_config(model_dir)
+    model, engine = cfg.model, cfg.tiers[cfg.default_tier].decode.engine
+    structured = {"backend": engine.structured_outputs_backend, "disable_any_whitespace": engine.json_disable_whitespace}
+    cmd = [
+        sys.executable, "-m", "vllm.entrypoints.openai.api_server",
+        "--model", str(model_dir), "--served-model-name", model.served_name, "--dtype", model.dtype,
+        "--max-model-len", str(model.max_model_len), "--kv-cache-memory-bytes", str(int(engine.kv_cache_bytes)),
+        "--max-num-seqs", str(engine.max_num_seqs), "--structured-outputs-config", json.dumps(structured),
+        "--host", "127.0.0.1", "--port", str(port),
+    ]
+    if engine.enforce_eager:
+        cmd.append("--enforce-eager")
+    if not engine.enable_prefix_caching:
+        cmd.append("--no-enable-prefix-caching")
+    if model.tool_parser:
+        cmd += ["--tool-call-parser", model.tool_parser, "--enable-auto-tool-choice"]
+    return cmd
+
+
+def direct_vllm_environment() -> dict[str, str]:
+    """Scheduling only, never the answers: one core (every vLLM instance takes core 0
+    otherwise, DESIGN.md), its cache under the test folder, and tandem's vLLM plugin flags that
+    its own engines run with: no spinning, a lower priority, children that die with the server."""
+    return dict(
+        os.environ,
+        VLLM_CPU_OMP_THREADS_BIND="0",
+        VLLM_ENABLE_V1_MULTIPROCESSING="1",
+        VLLM_CACHE_ROOT=str(STATE / "vllm-cache"),
+        TANDEM_NO_SPIN="1",
+        TANDEM_EXIT_WITH_PARENT="1",
+        **{ENGINE_NICE: str(CPU_ENGINE_NICENESS)},
+    )
+
+
+def _log_tail(log_path: Path) -> str:
+    try:
+        return log_path.read_text(errors="replace")[-LOG_TAIL_CHARS:]
+    except OSError:
+        return "(no log)"
+
+
+def _wait_healthy(url: str, proc: subprocess.Popen, log_path: Path, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"vLLM api_server exited with {proc.returncode}; log tail:\n{_log_tail(log_path)}")
+        try:
+            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(1)
+    raise TimeoutError(f"vLLM api_server not healthy in {timeout_s} s; log tail:\n{_log_tail(log_path)}")
+
+
+def _signal_group(proc: subprocess.Popen, sig: int) -> None:
+    try:
+        os.killpg(proc.pid, sig)
+    except ProcessLookupError:
+        pass
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    """SIGTERM to the server's process group (its EngineCore and worker too), SIGKILL after
+    30 s; then SIGKILL to whatever of the group outlived its leader."""
+    _signal_group(proc, signal.SIGTERM)
+    try:
+        proc.wait(30)
+    except subprocess.TimeoutExpired:
+        _signal_group(proc, signal.SIGKILL)
+        proc.wait(10)
+    _signal_group(proc, signal.SIGKILL)
+
+
+@pytest.fixture(scope="session")
+def direct_vllm_url(tiny_model_dir) -> str:
+    """The URL of one plain vLLM OpenAI server on the tiny model; stopped at session end."""
+    STATE.mkdir(parents=True, exist_ok=True)
+    log_path = STATE / "api_server.log"
+    url = f"http://127.0.0.1:{DIRECT_VLLM_PORT}"
+    with open(log_path, "wb") as log:
+        # Its own process group, so stopping it reaches the children it spawns.
+        proc = subprocess.Popen(direct_vllm_command(tiny_model_dir), env=direct_vllm_environment(),
+                                stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        _wait_healthy(url, proc, log_path, READY_TIMEOUT_S)
+        yield url
+    finally:
+        _stop(proc)

@@ -20,6 +20,7 @@ from typing import Optional
 import pytest
 
 from tests.conftest import TEST_STATE
+from tests.integration.direct_vllm import direct_vllm_url  # noqa: F401,E402  (vLLM reference server, issue 15)
 
 GATEWAY_PORT = 8765
 MODEL_NAME = "tiny-llama"

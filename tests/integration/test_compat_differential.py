@@ -18,7 +18,6 @@ import pytest
 
 from tests.conftest import TEST_STATE
 from tests.integration.compat import Entry, Outcome, error_message, judge, load_corpus, send, vllm_problems
-from tests.integration.direct_vllm import direct_vllm_url  # noqa: F401  (the fixture)
 
 pytestmark = pytest.mark.integration
 
@@ -36,7 +35,7 @@ def _record(entry: Entry, tandem: Outcome, vllm: Outcome) -> dict:
 
 
 @pytest.fixture(scope="module")
-def outcomes(base_url, direct_vllm_url) -> dict[str, dict]:  # noqa: F811
+def outcomes(base_url, direct_vllm_url) -> dict[str, dict]:
     targets = [(entry, url) for entry in CORPUS for url in (base_url, direct_vllm_url)]
     t0 = time.monotonic()
     with httpx.Client() as client, ThreadPoolExecutor(IN_FLIGHT) as pool:

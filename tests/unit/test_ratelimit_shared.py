@@ -18,7 +18,7 @@ from router.openai.errors import OpenAIError
 from router.ratelimit import RateLimit, RateLimiter
 from router.ratelimit_shared import SharedRateLimiter, rate_limiter_from_config
 from tests.fakes import FakeBackend
-from tests.unit.openai_helpers import MODEL, assert_openai_error
+from tests.unit.openai_helpers import MODEL, assert_openai_error, edge_app
 from tests.unit.test_prefix_index_redis import RedisServer, redis_server  # noqa: F401 (fixture)
 
 LIMITS = {"acme": RateLimit(requests_per_minute=3, tokens_per_minute=100), "free": RateLimit()}
@@ -105,7 +105,7 @@ def test_config_picks_the_store_and_the_edge_answers_429(redis_server, tmp_path)
     limiter = rate_limiter_from_config(cfg)
     assert isinstance(limiter, SharedRateLimiter) and limiter.active
     auth = ApiKeyAuth.from_config(cfg)
-    app = build_openai_app(FakeBackend(), authenticate=auth.tier_of, rate_limit=limiter.hook(auth.tenant_of))
+    app = edge_app(FakeBackend(), authenticate=auth.tier_of, rate_limit=limiter.hook(auth.tenant_of))
     body = {"model": MODEL, "prompt": "hello", "max_tokens": 2}
     headers = {"Authorization": f"Bearer {key}"}
     with TestClient(app, raise_server_exceptions=False) as client:  # one event loop for the Redis client

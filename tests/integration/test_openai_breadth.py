@@ -207,24 +207,6 @@ def test_penalties_and_stop_token_ids(base_url):
     assert choice["token_ids"] == greedy[: greedy.index(stop_at) + 1]
 
 
-@pytest.mark.parametrize("choice", ["required", {"type": "function", "function": {"name": "get_weather"}}])
-def test_tool_calls_are_parsed_by_the_models_vllm_parser(base_url, choice):
-    body = {"messages": [{"role": "user", "content": "Weather in Paris?"}], "tools": [TOOL], "tool_choice": choice,
-            "parallel_tool_calls": False, "temperature": 0, "max_tokens": 128}
-    out = _chat(base_url, **body)["choices"][0]
-    calls = out["message"]["tool_calls"]
-    assert len(calls) == 1 and calls[0]["type"] == "function" and calls[0]["id"]
-    assert calls[0]["function"]["name"] == "get_weather"
-    assert json.loads(calls[0]["function"]["arguments"])["city"] in ("Paris", "Oslo", "Lima")
-    assert out["finish_reason"] == ("tool_calls" if choice == "required" else "stop")
-
-    with httpx.stream("POST", f"{base_url}/v1/chat/completions", json={"model": MODEL_NAME, **body, "stream": True},
-                      timeout=180) as s:
-        events = _sse(s)
-    streamed = [d for e in events for c in e["choices"] for d in c["delta"].get("tool_calls", [])]
-    assert [(d["index"], d["function"]) for d in streamed] == [(0, calls[0]["function"])]
-
-
 @pytest.mark.parametrize("param, value", [("logit_bias", {"5": 1}), ("n", 2), ("echo", True)])
 def test_what_the_old_edge_refused_is_served_as_vllm_serves_it(base_url, param, value):
     body = {"model": MODEL_NAME, "max_tokens": 2, "prompt": "hi", param: value}

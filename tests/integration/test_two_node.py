@@ -61,7 +61,7 @@ def test_kv_crosses_nodes_and_output_is_unchanged(base_url, tiny_model_dir):
     out = resp.json()
     after = decode.stats.remote().result()
 
-    prompt_ids = out["prompt_token_ids"]
+    prompt_ids = out["choices"][0]["prompt_token_ids"]
     # Decode (on the worker node) computed none of the prompt: all of it came over NIXL.
     assert after.prompt_tokens_transferred - before.prompt_tokens_transferred == len(prompt_ids)
     # The one token it computes is the prefill's first token, which it continues after

@@ -6,7 +6,12 @@ function tool. Prints one JSON object, {run name: {"ok", "final_output" | "error
 1 when any run failed. tests/integration/test_peer_clients.py runs it against the test cluster.
 
 The tiny random test model will not really call the tool; the tool runs prove that a request
-carrying `tools` is accepted and answered.
+carrying `tools` is accepted and answered. Nor does it ever emit its end-of-sequence token, and
+the SDK treats a truncated answer as an error (chat: "finish_reason='length' but produced no
+assistant text"; Responses: "terminal event `response.incomplete`", both seen against vLLM's own
+server), so every request carries stop sequences (OpenAI's `stop`, which vLLM's chat and
+Responses endpoints both take) through the SDK's own `ModelSettings.extra_body`: the answer ends
+at the first vowel with finish_reason "stop", as a real model's would at its end token.
 """
 
 from __future__ import annotations
@@ -27,6 +32,12 @@ from agents import (
 from openai import AsyncOpenAI
 
 
+INSTRUCTIONS = "You are a helpful assistant."
+# At most 4, OpenAI's limit; the tiny model's greedy answer to INSTRUCTIONS + "Say hi" starts
+# " mill", so the answer is " m".
+STOP = ("a", "e", "i", "o")
+
+
 @function_tool
 def get_weather(city: str) -> str:
     """Tells the weather in a city."""
@@ -36,17 +47,16 @@ def get_weather(city: str) -> str:
 def build_agents(base_url: str, model: str) -> dict[str, Agent]:
     # max_retries=0: a failure shows as itself, not as three slow retries.
     client = AsyncOpenAI(base_url=base_url, api_key="tandem-peer-check", max_retries=0, timeout=120)
-    settings = ModelSettings(max_tokens=16, temperature=0)
+    settings = ModelSettings(max_tokens=16, temperature=0, extra_body={"stop": list(STOP)})
     models = {
         "chat_completions": OpenAIChatCompletionsModel(model=model, openai_client=client),
         "responses": OpenAIResponsesModel(model=model, openai_client=client),
     }
     agents: dict[str, Agent] = {}
     for kind, model_class in models.items():
-        agents[kind] = Agent(name=f"{kind} agent", instructions="Answer in one short sentence.",
-                             model=model_class, model_settings=settings)
-        agents[f"{kind}_tool"] = Agent(name=f"{kind} tool agent",
-                                       instructions="Use get_weather when asked about the weather.",
+        agents[kind] = Agent(name=f"{kind} agent", instructions=INSTRUCTIONS, model=model_class,
+                             model_settings=settings)
+        agents[f"{kind}_tool"] = Agent(name=f"{kind} tool agent", instructions=INSTRUCTIONS,
                                        model=model_class, model_settings=settings, tools=[get_weather])
     return agents
 

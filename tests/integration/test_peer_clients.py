@@ -67,9 +67,18 @@ def guidellm_summary(report: Path) -> dict:
     assert len(benchmarks) == 1, f"a synchronous profile runs one benchmark, the report has {len(benchmarks)}"
     bench = benchmarks[0]
     made = bench["scheduler_metrics"]["requests_made"]
-    errors = [r.get("info", {}).get("error") or r.get("error") for r in bench["requests"]["errored"]]
+    errored = bench["requests"]["errored"]
     return {"counts": {k: made[k] for k in ("successful", "errored", "incomplete", "total")},
-            "errors": errors, "successful": bench["requests"]["successful"]}
+            "errors": [r["info"]["error"] for r in errored], "successful": bench["requests"]["successful"],
+            "first_errored_body": errored[0]["request_args"]["body"] if errored else None}
+
+
+def replay(server_url: str, body: dict) -> str:
+    """guidellm's error names only the HTTP status; the server's own answer to the same body says why."""
+    import httpx
+
+    response = httpx.post(f"{server_url}/v1/chat/completions", json=body, timeout=120)
+    return f"the same body sent again: {response.status_code} {response.text[:1000]}\nbody: {json.dumps(body)[:1000]}"
 
 
 def run_agents_check(openai_base_url: str) -> tuple[subprocess.CompletedProcess, dict | None]:
@@ -91,8 +100,11 @@ def test_guidellm_synchronous_streaming_chat(base_url, tiny_model_dir, tmp_path)
     assert done.returncode == 0, _tail(done)
     assert report.exists(), f"guidellm wrote no report at {report}\n{_tail(done)}"
     summary = guidellm_summary(report)
-    assert summary["counts"] == {"successful": GUIDELLM_REQUESTS, "errored": 0, "incomplete": 0,
-                                 "total": GUIDELLM_REQUESTS}, summary["errors"]
+    expected = {"successful": GUIDELLM_REQUESTS, "errored": 0, "incomplete": 0, "total": GUIDELLM_REQUESTS}
+    if summary["counts"] != expected:
+        why = replay(base_url, summary["first_errored_body"]) if summary["first_errored_body"] else ""
+        pytest.fail(f"guidellm's report: {summary['counts']}, expected {expected}\n"
+                    f"errors: {summary['errors']}\n{why}", pytrace=False)
     # guidellm asks for exactly output_tokens (ignore_eos) and counts what the stream's usage says.
     output_tokens = [r["output_tokens"] for r in summary["successful"]]
     assert output_tokens == [OUTPUT_TOKENS] * GUIDELLM_REQUESTS, output_tokens

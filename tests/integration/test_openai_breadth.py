@@ -44,12 +44,6 @@ SCHEMA = {
 }
 JSON_MAX_TOKENS = 96
 PATTERN = r"[0-9]{3}-[a-z]{2,8}"
-TOOL = {"type": "function", "function": {
-    "name": "get_weather", "description": "Weather of a city", "strict": True,
-    "parameters": {"type": "object", "properties": {"city": {"enum": ["Paris", "Oslo", "Lima"]}},
-                   "required": ["city"], "additionalProperties": False}}}
-
-
 @pytest.fixture(scope="module")
 def tokenizer(tiny_model_dir):
     from transformers import AutoTokenizer

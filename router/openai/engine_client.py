@@ -92,9 +92,16 @@ class PDEngineClient(EngineClient):
                 if not aggregate:
                     yield output
                     continue
-                merged = output if merged is None else merge_outputs([merged, output])
-                if sampling_params.output_kind == RequestOutputKind.CUMULATIVE or merged.finished:
+                # Our own copy, extended in place: re-merging the whole answer per delta would copy
+                # every token so far on each step, on the event loop.
+                if merged is None:
+                    merged = merge_outputs([output])
+                else:
+                    merged.add(output, aggregate=True)
+                if merged.finished:
                     yield merged
+                elif sampling_params.output_kind == RequestOutputKind.CUMULATIVE:
+                    yield merge_outputs([merged])  # a snapshot: the caller may keep it while we extend ours
         except OpenAIError as exc:
             if not started and ctx.refusal is None:
                 ctx.refusal = exc  # the edge answers with its status and headers

@@ -408,17 +408,23 @@ class DisaggregatedBackend:
         task.add_done_callback(self._aborts.discard)
 
     async def health(self) -> dict[str, Any]:
-        """Ready only when every pool of every tier answers."""
+        """Ready only when every pool of every tier can take requests: "ready" (its stats call
+        answered) or "busy" (no answer in time, but Serve lists running replicas: the call waits
+        behind full request slots, and Serve's controller health-checks each replica itself)."""
         HEALTH_PROBES.inc()
 
-        async def probe(handle) -> bool:
+        async def probe(tier: str, pool: str) -> str:
             try:
-                await asyncio.wait_for(handle.stats.remote(), timeout=HEALTH_TIMEOUT_S)
-                return True
-            except Exception:
-                return False
+                await asyncio.wait_for(getattr(self._pools[tier], pool).stats.remote(), timeout=HEALTH_TIMEOUT_S)
+                return "ready"
+            except Exception as exc:
+                if isinstance(exc, asyncio.TimeoutError) or _is_backpressure(exc):
+                    busy = self._router is not None and bool(self._router.workers(tier, pool))
+                    return "busy" if busy else "no answer"
+                log.warning("health: %s-%s did not answer: %r", tier, pool, exc)
+                return "down"
 
         names = [(tier, pool) for tier in self._pools for pool in ("prefill", "decode")]
-        results = await asyncio.gather(*(probe(getattr(self._pools[t], p)) for t, p in names))
-        pools = {f"{t}-{p}": ok for (t, p), ok in zip(names, results)}
-        return {"ready": all(results), "pools": pools}
+        results = await asyncio.gather(*(probe(t, p) for t, p in names))
+        pools = {f"{t}-{p}": state for (t, p), state in zip(names, results)}
+        return {"ready": all(state in ("ready", "busy") for state in results), "pools": pools}

@@ -185,10 +185,13 @@ class FakeServePool:
         self.refuse: Optional[BaseException] = None
         self.hang_decode = False
         self.hang_abort = False
+        self.hang_stats = False
+        self.stats_error: Optional[BaseException] = None
         self._turn = 0
         self.prefill = _FakeMethod(self, "prefill")
         self.abort = _FakeMethod(self, "abort")
         self.generate = _FakeMethod(self, "generate")
+        self.stats = _FakeStats(self)
 
     def options(self, **_: Any) -> "FakeServePool":
         return self
@@ -228,6 +231,18 @@ class _FakeMethod:
             await asyncio.Event().wait()
         first = fake_output(request_id, "a", [1]) if first_token else None
         return PrefillResult(request_id, {"do_remote_prefill": True, "remote_port": 1}, "fake", 3, first=first)
+
+
+class _FakeStats:
+    def __init__(self, pool: FakeServePool) -> None:
+        self.pool = pool
+
+    async def remote(self) -> dict:
+        if self.pool.stats_error is not None:
+            raise self.pool.stats_error
+        if self.pool.hang_stats:
+            await asyncio.Event().wait()
+        return {}
 
 
 class _FakeStream:

@@ -137,7 +137,7 @@ def _rdma_devices(root: Path = Path("/sys/class/infiniband")) -> tuple[str, ...]
 
 def _cpu_flags() -> frozenset[str]:
     try:
-        from cluster.worker import cpu_flags
+        from cluster.hardware import cpu_flags
     except Exception:
         return frozenset()
     return cpu_flags()
@@ -163,7 +163,7 @@ def plan(facts: HostFacts, dtype: str = "auto", buffer_device: str = "auto") -> 
     problems = []
     try:
         from cluster.config import KVTransferConfig
-        from cluster.worker import engine_dtype
+        from cluster.hardware import engine_dtype
         from kv_transfer.nixl import resolve_buffer_device
 
         chosen_dtype = engine_dtype(dtype, on_gpu, facts.cpu_flags)

@@ -20,7 +20,7 @@ from cluster.config import ClusterConfig
 from cluster.engine import structured_outputs_config
 from cluster.protocol import TierPools
 from cluster.serve_patch import bind_replica_grpc_on_node_address
-from cluster.worker import engine_dtype_here
+from cluster.hardware import engine_dtype_here
 from router.admission import AdmissionControl
 from router.auth import ApiKeyAuth
 from router.disagg import DisaggregatedBackend

@@ -31,7 +31,7 @@ from cluster.bench.engines import DirectEngines, DirectEngineSpec
 from cluster.bench.loadgen import replay
 from cluster.bench.workload import SLO, Mix, RequestKind, ScheduledRequest, poisson_schedule, summarize
 from cluster.config import ClusterConfig
-from cluster.worker import cpu_flags, engine_dtype
+from cluster.hardware import cpu_flags, engine_dtype
 
 ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_MODEL = ROOT / ".tandem" / "models" / "SmolLM2-135M-Instruct"
@@ -213,7 +213,7 @@ def plot(result: dict, path: Path) -> None:
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", type=Path, default=DEFAULT_MODEL, help="checkpoint folder (any vLLM model)")
-    p.add_argument("--dtype", default="auto", help="auto: as tandem decides it on this host (cluster/worker.py), "
+    p.add_argument("--dtype", default="auto", help="auto: as tandem decides it on this host (cluster/hardware.py), "
                                                   "for all three systems alike")
     p.add_argument("--max-model-len", type=int, default=2048)
     p.add_argument("--systems", default=",".join(SYSTEMS), help=f"subset of {','.join(SYSTEMS)}")

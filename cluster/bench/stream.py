@@ -286,7 +286,7 @@ def parse_batches(text: str) -> dict[int, int]:
 
 def bench(args) -> dict:
     from cluster.config import ClusterConfig
-    from cluster.worker import cpu_flags, engine_dtype
+    from cluster.hardware import cpu_flags, engine_dtype
 
     cfg = ClusterConfig.load(args.config)
     tier = cfg.tiers[cfg.default_tier]

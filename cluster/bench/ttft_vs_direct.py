@@ -33,7 +33,7 @@ from cluster.bench.loadgen import stream_one
 from cluster.bench.stats import latency_summary
 from cluster.bench.workload import ScheduledRequest
 from cluster.config import ClusterConfig
-from cluster.worker import cpu_flags, engine_dtype
+from cluster.hardware import cpu_flags, engine_dtype
 
 RESULTS = Path(__file__).resolve().parent / "results"
 DIRECT_PORT = 8100
@@ -179,7 +179,7 @@ def main() -> int:
     args = parser.parse_args()
     full = ClusterConfig.load(args.config)
     tier = full.tiers[full.default_tier]
-    # dtype auto is decided per host (cluster/worker.py); decide it once here, so the direct
+    # dtype auto is decided per host (cluster/hardware.py); decide it once here, so the direct
     # engine gets the very dtype tandem's engines get.
     dtype = engine_dtype(full.model.dtype, tier.prefill.num_gpus > 0, cpu_flags())
     cfg = full.model_copy(update={"tiers": {full.default_tier: tier},

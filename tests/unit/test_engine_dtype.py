@@ -1,9 +1,9 @@
-"""model.dtype auto (cluster/worker.py): decided on each engine's host, from its CPU flags."""
+"""model.dtype auto (cluster/hardware.py): decided on each engine's host, from its CPU flags."""
 
 from __future__ import annotations
 
 from cluster.config import ModelConfig
-from cluster.worker import cpu_flags, engine_dtype
+from cluster.hardware import cpu_flags, engine_dtype
 
 AVX2_ONLY = frozenset({"sse4_2", "avx", "avx2", "fma"})
 

@@ -28,7 +28,7 @@ from router.routing.decider import PDDecider
 from router.routing.directory import pool_directory
 from router.routing.service import KVRouter
 from tests.integration.conftest import MAX_MODEL_LEN, MODEL_NAME
-from tests.unit.test_prefix_index_redis import RedisServer
+from tests.redis_server import RedisServer
 
 pytestmark = pytest.mark.integration
 

@@ -5,9 +5,6 @@ only without an error, and recovers when Redis is back."""
 from __future__ import annotations
 
 import asyncio
-import shutil
-import socket
-import subprocess
 import time
 
 import pytest
@@ -17,59 +14,9 @@ from router.hashing import BlockHasher
 from router.kv_events import KVEventSubscriber
 from router.prefix_index import BlockStored, IndexUnavailable, make_index
 from tests.fakes import FakeKVEventPublisher, stored
+from tests.redis_server import RedisServer
 from tests.unit.test_prefix_index import check_index_semantics, wait_for
 from tests.unit.test_routing import PROMPT, kv_router, request
-
-
-class RedisServer:
-    """A throwaway redis-server (no persistence) that a test can stop and start again."""
-
-    def __init__(self) -> None:
-        binary = shutil.which("redis-server")
-        if binary is None:
-            pytest.fail("redis-server is not installed: run `make test` (it installs Debian's redis-server)")
-        self.binary = binary
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            self.port = s.getsockname()[1]
-        self.url = f"redis://127.0.0.1:{self.port}/0"
-        self.proc = None
-
-    def listen_args(self) -> list[str]:
-        """Where and how it listens (a subclass adds a password or TLS)."""
-        return ["--port", str(self.port)]
-
-    def client(self) -> redis.Redis:
-        return redis.Redis.from_url(self.url)
-
-    def start(self) -> None:
-        self.proc = subprocess.Popen(
-            [self.binary, "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", *self.listen_args()],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        client = self.client()
-        deadline = time.monotonic() + 10
-        while True:
-            try:
-                client.ping()
-                return
-            except redis.ConnectionError:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.05)
-
-    def stop(self) -> None:
-        if self.proc is not None:
-            self.proc.terminate()
-            self.proc.wait(timeout=10)
-            self.proc = None
-
-
-@pytest.fixture
-def redis_server():
-    server = RedisServer()
-    server.start()
-    yield server
-    server.stop()
 
 
 def test_redis_index_has_the_same_semantics(redis_server):

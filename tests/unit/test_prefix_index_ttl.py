@@ -10,15 +10,6 @@ import pytest
 
 from cluster.config import RoutingIndexConfig
 from router.prefix_index import BlockRemoved, BlockStored, make_index
-from tests.unit.test_prefix_index_redis import RedisServer
-
-
-@pytest.fixture
-def redis_server():
-    server = RedisServer()
-    server.start()
-    yield server
-    server.stop()
 
 
 def test_every_key_gets_the_ttl_and_a_store_refreshes_it(redis_server):

@@ -19,7 +19,7 @@ from router.ratelimit import RateLimit, RateLimiter
 from router.ratelimit_shared import SharedRateLimiter, rate_limiter_from_config
 from tests.fakes import FakeBackend
 from tests.unit.openai_helpers import MODEL, assert_openai_error, edge_app
-from tests.unit.test_prefix_index_redis import RedisServer, redis_server  # noqa: F401 (fixture)
+from tests.redis_server import RedisServer
 
 LIMITS = {"acme": RateLimit(requests_per_minute=3, tokens_per_minute=100), "free": RateLimit()}
 

@@ -15,7 +15,7 @@ from cluster.config import ClusterConfig
 from router.prefix_index import BlockStored, IndexUnavailable, make_index
 from router.prefix_index.redis_index import RedisAuthError, RedisTLS, client_kwargs
 from router.routing.build import build_kv_router
-from tests.unit.test_prefix_index_redis import RedisServer, redis_server  # noqa: F401 (fixture)
+from tests.redis_server import RedisServer, running
 
 PASSWORD = "s3cret-redis-password-4711"
 
@@ -43,10 +43,8 @@ class SecuredRedis(RedisServer):
 
 @pytest.fixture
 def secured():
-    server = SecuredRedis()
-    server.start()
-    yield server
-    server.stop()
+    with running(SecuredRedis()) as server:
+        yield server
 
 
 def self_signed(tmp_path):

@@ -1,0 +1,13 @@
+"""Fixtures the unit suites share."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.redis_server import RedisServer, running
+
+
+@pytest.fixture
+def redis_server():
+    with running(RedisServer()) as server:
+        yield server

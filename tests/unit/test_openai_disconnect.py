@@ -71,6 +71,17 @@ def _hanging_backend() -> FakeBackend:
     return backend
 
 
+def _hang_up_after_50_ms(call: AsgiCall, backend: FakeBackend) -> None:
+    """Run the call on a built edge; the client goes away 50 ms in."""
+    async def scenario() -> None:
+        app = edge_app(backend)
+        await app.built()
+        asyncio.get_running_loop().call_later(0.05, call.disconnected.set)
+        await call.run(app)
+
+    asyncio.run(scenario())
+
+
 @pytest.mark.parametrize("spec_version", ["2.3", "2.4"])
 @pytest.mark.parametrize("path, body", [
     ("/v1/completions", {"model": MODEL, "prompt": "abcdef", "stream": True}),
@@ -97,13 +108,7 @@ def test_disconnect_while_waiting_for_a_non_streamed_answer_aborts() -> None:
     backend = _hanging_backend()
     call = AsgiCall("/v1/completions", {"model": MODEL, "prompt": "abcdef"})
 
-    async def scenario() -> None:
-        app = edge_app(backend)
-        await app.built()
-        asyncio.get_running_loop().call_later(0.05, call.disconnected.set)
-        await call.run(app)
-
-    asyncio.run(scenario())
+    _hang_up_after_50_ms(call, backend)
     (request,) = backend.requests
     assert backend.aborted == [request.request_id]
     assert backend.closed == [request.request_id]
@@ -115,13 +120,7 @@ def test_disconnect_before_the_first_token_aborts() -> None:
     backend.hang_after = 0
     call = AsgiCall("/v1/completions", {"model": MODEL, "prompt": "abc", "stream": True})
 
-    async def scenario() -> None:
-        app = edge_app(backend)
-        await app.built()
-        asyncio.get_running_loop().call_later(0.05, call.disconnected.set)
-        await call.run(app)
-
-    asyncio.run(scenario())
+    _hang_up_after_50_ms(call, backend)
     assert backend.aborted == [backend.requests[0].request_id]
     assert call.body_parts == []
 

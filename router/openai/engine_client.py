@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any, AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping, Optional, Protocol
+from typing import Any, AsyncGenerator, Awaitable, Callable, Mapping, Optional
 
 from vllm.engine.protocol import EngineClient
 from vllm.renderers import renderer_from_config
@@ -28,31 +28,26 @@ from vllm.sampling_params import RequestOutputKind, SamplingParams
 from vllm.v1.engine.input_processor import InputProcessor
 
 from cluster.protocol import EngineRequest, merge_outputs
+from router.backend import Backend
 from router.openai.context import CURRENT, RequestContext
 from router.openai.errors import OpenAIError
 
 log = logging.getLogger(__name__)
 
 
-# The rate-limit hook: (request headers, the request's token cost: prompt + max_tokens × n) →
-# awaitable None, or an OpenAIError 429 to refuse (router/ratelimit.py, ratelimit_shared.py).
-RateLimit = Callable[[Mapping[str, str], int], Awaitable[None]]
-
-
-class Backend(Protocol):
-    """What serves an EngineRequest: RequestOutput DELTAs; may raise OpenAIError (429, 400)."""
-
-    def generate(self, request: EngineRequest) -> AsyncIterator[Any]: ...
-
-    async def abort(self, request_id: str) -> None: ...
-
-    async def health(self) -> dict[str, Any]: ...
+# The rate-limit hook: (the caller's tenant as the edge authenticated it, None for an open API;
+# the request's token cost: prompt + max_tokens × n) → awaitable None, or an OpenAIError 429 to
+# refuse (router/ratelimit.py, ratelimit_shared.py). The key is checked once, at the edge.
+RateLimit = Callable[[Optional[str], int], Awaitable[None]]
 
 
 class PDEngineClient(EngineClient):
     def __init__(self, vllm_config: Any, backend: Backend, default_tier: str, *,
                  rate_limit: Optional[RateLimit] = None):
-        """`rate_limit`: async (headers, token cost) → None, raising a 429 OpenAIError to refuse."""
+        """`default_tier`: the tier of a request that did not come through the edge (no
+        RequestContext: vLLM calling its engine client directly); the edge chooses every other
+        request's tier, and nothing below this class defaults it again. `rate_limit`: async
+        (tenant, token cost) → None, raising a 429 OpenAIError to refuse."""
         self.vllm_config = vllm_config
         self.model_config = vllm_config.model_config
         self.renderer = renderer_from_config(vllm_config)
@@ -82,7 +77,7 @@ class PDEngineClient(EngineClient):
         started = finished = False
         try:
             if self.rate_limit is not None:
-                await self.rate_limit(ctx.headers, len(token_ids) + (params.max_tokens or 0) * params.n)
+                await self.rate_limit(ctx.tenant, len(token_ids) + (params.max_tokens or 0) * params.n)
             async for output in self.backend.generate(request):
                 started = True
                 finished = finished or output.finished

@@ -41,22 +41,22 @@ def without_prompt_logprobs(request: EngineRequest) -> EngineRequest:
     return replace(request, sampling=sampling)
 
 
-async def generate_n(self: "DisaggregatedBackend", request: EngineRequest) -> AsyncIterator["RequestOutput"]:
+async def generate_n(backend: "DisaggregatedBackend", request: EngineRequest) -> AsyncIterator["RequestOutput"]:
     """n samples of one prompt: one prefill, n decode requests (module docstring)."""
-    pools = self._tier(request)
+    pools = backend._tier(request)
     tier = request.tier
     n = request.sampling.n
     samples = [sample_of(request, i) for i in range(n)]
-    self._samples[request.request_id] = [s.request_id for s in samples]
-    decision = await self._route(samples[0])
+    backend._samples[request.request_id] = [s.request_id for s in samples]
+    decision = await backend._route(samples[0])
     prompt_logprobs = None
     if decision is not None and decision.skip_prefill:
         handoff, path = None, "decode_only"
         ROUTES.labels(tier=tier, path=path, reason="").inc()
     else:
         FIRST_TOKEN.labels(tier=tier, path="decode", reason="n").inc()
-        with self._dispatch(decision, "prefill", samples[0]):
-            handoff, _, prompt_logprobs = await self._prefill_hop(samples[0], pools.prefill, False)
+        with backend._dispatch(decision, "prefill", samples[0]):
+            handoff, _, prompt_logprobs = await backend._prefill_hop(samples[0], pools.prefill, False)
         path = "disaggregated" if handoff is not None else "fallback_recompute"
     if prompt_logprobs is not None:
         samples = [without_prompt_logprobs(s) for s in samples]
@@ -71,7 +71,7 @@ async def generate_n(self: "DisaggregatedBackend", request: EngineRequest) -> As
         try:
             if i > 0:
                 await produced[i - 1].wait()
-            async for output in self._decode(sample, handoff if i == 0 else None, decision, path, pools.decode):
+            async for output in backend._decode(sample, handoff if i == 0 else None, decision, path, pools.decode):
                 produced[i].set()
                 await queue.put((i, output))
             await queue.put((i, None))

@@ -7,9 +7,10 @@ from ray.serve.config import RequestRouterConfig
 
 from cluster.autoscaling.serve_policy import serve_autoscaling_config
 from cluster.config import AdmissionConfig, ClusterConfig, PoolConfig, SLOConfig
-from cluster.protocol import TierPools
+from cluster.types import APP_NAME, PoolId, TierPools, deployment_name
 
-APP_NAME = "tandem"
+# APP_NAME and deployment_name live in cluster/types.py; named here for the benchmarks that import them from the app.
+__all__ = ["APP_NAME", "build_app", "deployment_name", "max_queued_requests"]
 
 
 def _actor_options(pool: PoolConfig) -> dict:
@@ -56,24 +57,24 @@ def max_queued_requests(admission: AdmissionConfig) -> int:
 
 
 def build_app(cfg: ClusterConfig) -> Application:
-    # Imported here so `tandem --help` and config validation stay fast and Ray-free.
+    # Imported here, not at the top, only to keep this module light: the deployments and the
+    # gateway import vLLM (seconds), and unit tests of the pool options import this module
+    # without it. No import circle depends on it (tests/unit/test_import_graph.py).
     from decode_workers.deployment import DecodeWorker
     from prefill_workers.deployment import PrefillWorker
     from router.gateway import Gateway
 
+    def bound(deployment, tier: str, role: str, pool: PoolConfig):
+        t = cfg.tiers[tier]
+        options = _pool_options(pool, role, t.slo, t.admission)
+        return deployment.options(name=PoolId(tier, role).deployment_name, **options).bind(cfg, tier)
+
     pools = {
-        tier: TierPools(
-            prefill=PrefillWorker.options(name=deployment_name(tier, "prefill"), **_pool_options(t.prefill, "prefill", t.slo, t.admission)).bind(cfg, tier),
-            decode=DecodeWorker.options(name=deployment_name(tier, "decode"), **_pool_options(t.decode, "decode", t.slo, t.admission)).bind(cfg, tier),
-        )
+        tier: TierPools(prefill=bound(PrefillWorker, tier, "prefill", t.prefill),
+                        decode=bound(DecodeWorker, tier, "decode", t.decode))
         for tier, t in cfg.tiers.items()
     }
     # Room for every tier's admitted and queued requests (router/admission.py), plus probes.
     admitted = sum(t.admission.max_running + t.admission.max_queued for t in cfg.tiers.values())
     ongoing = max(1000, admitted + 100)
     return Gateway.options(max_ongoing_requests=ongoing, max_queued_requests=ongoing).bind(cfg, pools)
-
-
-def deployment_name(tier: str, pool: str) -> str:
-    """Serve deployment name of a pool, e.g. "interactive-prefill"."""
-    return f"{tier}-{pool}"

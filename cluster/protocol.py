@@ -33,7 +33,7 @@ class EngineRequest:
     request_id: str
     prompt_token_ids: tuple[int, ...]
     sampling: "SamplingParams"
-    tier: Optional[str] = None  # None: the cluster's default tier
+    tier: str  # chosen once, where the request enters (the edge: router/openai/edge.py)
     # vLLM's prefix-cache salt (its tenant's, auth.prefix_cache isolate): prompts of different
     # salts never share cached blocks. Both hops pass it, so both engines hash alike.
     cache_salt: Optional[str] = None
@@ -80,11 +80,3 @@ def merge_outputs(outputs: Sequence["RequestOutput"]) -> "RequestOutput":
     for later in outputs[1:]:
         merged.add(later, aggregate=True)
     return merged
-
-
-@dataclass(frozen=True)
-class TierPools:
-    """The two pools of one tier, as Ray Serve handles (bound applications at build time)."""
-
-    prefill: Any
-    decode: Any

@@ -2,7 +2,7 @@
 RayService (the Helm chart in deploy/helm/tandem) and `serve deploy` / `serve run`.
 
 The Serve config names the builder and hands it the ClusterConfig, the same schema a local
-run takes (cluster/config.py), either inline or as a path to a mounted YAML file:
+run takes (cluster/config/), either inline or as a path to a mounted YAML file:
 
     applications:
       - name: tandem

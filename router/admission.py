@@ -1,6 +1,6 @@
 """Admission control per tier: a bounded queue in front of the pools, 429 beyond it.
 
-`AdmissionControl(backend, limits, default_tier)` wraps any OpenAIBackend (the gateway wraps
+`AdmissionControl(backend, limits)` wraps any OpenAIBackend (the gateway wraps
 DisaggregatedBackend) and implements the same interface. Each tier has its own `TierGate`:
 at most `max_running` of its requests in the pools, at most `max_queued` waiting (FIFO) for
 a place, and a wait of at most `queue_timeout_s`. With `max_queue_wait_s` set, a request is
@@ -24,13 +24,17 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import deque
-from typing import Any, AsyncIterator, Callable, Mapping, Optional
+from typing import TYPE_CHECKING, Any, AsyncIterator, Callable, Mapping, Optional
 
 from cluster.config import AdmissionConfig
 from cluster.metrics import Counter, Gauge
 from cluster.protocol import EngineRequest
+from router.backend import Backend
 from router.concurrency_limit import AdaptiveLimit
 from router.openai.errors import too_many_requests
+
+if TYPE_CHECKING:
+    from vllm.outputs import RequestOutput
 
 REJECTED = Counter("tandem_admission_rejected", "Requests refused with 429, by tier and why.", ["tier", "reason"])
 RUNNING = Gauge("tandem_admission_running", "Admitted requests in the pools, by tier.", ["tier"])
@@ -146,16 +150,15 @@ class TierGate:
 class AdmissionControl:
     """An OpenAIBackend that admits each request through its tier's gate."""
 
-    def __init__(self, backend: Any, limits: Mapping[str, Any], default_tier: str):
+    def __init__(self, backend: Backend, limits: Mapping[str, AdmissionConfig]):
         """`limits`: tier → its AdmissionConfig."""
         self.backend = backend
-        self.default_tier = default_tier
         self.gates = {tier: TierGate(tier, config) for tier, config in limits.items()}
         for gate in self.gates.values():
             LIMIT.labels(gate.tier).set(gate.limit)
 
-    async def generate(self, request: EngineRequest) -> AsyncIterator[Any]:
-        gate = self.gates[request.tier or self.default_tier]
+    async def generate(self, request: EngineRequest) -> AsyncIterator[RequestOutput]:
+        gate = self.gates[request.tier]
         QUEUED.labels(gate.tier).inc()
         try:
             await gate.enter()

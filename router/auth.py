@@ -1,7 +1,8 @@
 """API keys: key → tenant → tier, checked at the edge before anything else.
 
-`ApiKeyAuth.tier_of(headers)` is the edge's authenticate hook (router/openai/app.py): it
-returns the tier of the request or raises an OpenAI-shaped error. Keys are kept only as
+`ApiKeyAuth.caller(headers)` is the edge's authenticate hook (router/openai/app.py), called
+once per request: it returns the Caller (tier, tenant, prefix-cache salt) or raises an
+OpenAI-shaped error. The rate limits read the tenant it found; nothing checks the key again. Keys are kept only as
 SHA-256 digests and compared with `hmac.compare_digest` against every digest (no early
 exit), so timing says nothing about a key; a key is never logged or echoed in an error.
 
@@ -20,6 +21,7 @@ import logging
 from dataclasses import dataclass
 from typing import Mapping, Optional
 
+from router.openai.context import Caller
 from router.openai.errors import OpenAIError
 
 log = logging.getLogger(__name__)
@@ -48,9 +50,11 @@ def cache_salt(tenant: str) -> str:
 
 class ApiKeyAuth:
     def __init__(self, grants: Mapping[str, Grant], *, tiers: tuple[str, ...], default_tier: str,
-                 tier_header: str = "X-Tandem-Tier"):
-        """`grants` maps each API key to its tenant's grant; the keys themselves are not kept."""
+                 tier_header: str = "X-Tandem-Tier", isolate_prefix_cache: bool = False):
+        """`grants` maps each API key to its tenant's grant; the keys themselves are not kept.
+        `isolate_prefix_cache`: each tenant's requests carry its cache salt (auth.prefix_cache)."""
         self._grants = [(_digest(key), grant) for key, grant in grants.items()]
+        self._isolate = isolate_prefix_cache
         self._tiers = tiers
         self._default_tier = default_tier
         self.tier_header = tier_header
@@ -67,7 +71,8 @@ class ApiKeyAuth:
             )
             for source in cfg.auth.keys
         }
-        auth = cls(grants, tiers=tuple(cfg.tiers), default_tier=cfg.default_tier, tier_header=cfg.auth.tier_header)
+        auth = cls(grants, tiers=tuple(cfg.tiers), default_tier=cfg.default_tier, tier_header=cfg.auth.tier_header,
+                   isolate_prefix_cache=cfg.auth.isolates_prefix_cache())
         for source in cfg.auth.keys:
             if source.value is not None:
                 log.warning("API key of tenant %r is plaintext in the config; use env or file outside tests.",
@@ -103,19 +108,19 @@ class ApiKeyAuth:
             raise unauthorized("Incorrect API key provided. Check the key you were given.")
         return grant
 
-    def tenant_of(self, headers: Mapping[str, str]) -> Optional[str]:
-        """The caller's tenant (None when the API is open); 401 like `authenticate`."""
-        grant = self.authenticate(headers)
-        return grant.tenant if grant else None
-
-    def cache_salt_of(self, headers: Mapping[str, str]) -> Optional[str]:
-        """The caller's prefix-cache salt (auth.prefix_cache isolate); None when the API is open."""
-        tenant = self.tenant_of(headers)
-        return cache_salt(tenant) if tenant is not None else None
-
-    def tier_of(self, headers: Mapping[str, str]) -> str:
+    def caller(self, headers: Mapping[str, str]) -> Caller:
         """The edge hook: authenticate, then pick the request's tier (401 / 400 / 403)."""
         grant = self.authenticate(headers)
+        tier = self._tier(grant, headers)
+        if grant is None:
+            return Caller(tier)
+        return Caller(tier, grant.tenant, cache_salt(grant.tenant) if self._isolate else None)
+
+    def tier_of(self, headers: Mapping[str, str]) -> str:
+        """The request's tier (401 / 400 / 403 like `caller`)."""
+        return self.caller(headers).tier
+
+    def _tier(self, grant: Optional[Grant], headers: Mapping[str, str]) -> str:
         asked = headers.get(self.tier_header)
         if asked is None:
             return grant.tier if grant else self._default_tier

@@ -17,11 +17,7 @@ Failure policy, in order of what can go wrong:
 - the decode hop yields no first token within decode_first_token_timeout_s, or Serve's queue
   for the decode pool is full → 429 (the request gives its admission place back at once).
 
-Sampling n > 1: one route, one prefill (the prompt computed once), then n decode requests on
-the same decode replica: the first pulls the KV, the others start one after another once the
-one before has produced (from the first's first token on, decode's prefix cache holds the
-prompt's blocks), so the KV crosses once. Seeds follow
-vLLM's own n: sample i uses seed + i.
+Sampling n > 1: one prefill, n decode requests on one decode replica (router/samples.py).
 
 Streams are vLLM RequestOutputs (DELTA), index set per sample, as vLLM's AsyncLLM yields them.
 """
@@ -31,56 +27,26 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import copy
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 import time
-from typing import Any, AsyncIterator, Optional
+from typing import TYPE_CHECKING, Any, AsyncIterator, Mapping, Optional
 
-from cluster.metrics import Counter, Histogram
-from cluster.protocol import EngineRequest, InvalidEngineRequest, TierPools, finish_reason
+from cluster.protocol import EngineRequest, InvalidEngineRequest, finish_reason
+from cluster.types import ROLES, PoolId, TierPools
 from kv_transfer.first_token import FirstTokenOffset, continuation, reuse_blocker
 from kv_transfer.handoff import Handoff, HandoffMismatch
 from router.openai.errors import bad_request, too_many_requests
+from router.path_metrics import (DECODE_FIRST_TOKEN_SECONDS, DECODE_REFUSED, DECODE_RETRIES, FIRST_TOKEN,
+                                 HEALTH_PROBES, PREFILL_HOP_SECONDS, ROUTES)
+from router.routing.service import KVRouter
 from router.routing.types import Pick, RouteDecision
+from router.samples import generate_n, without_prompt_logprobs
+
+if TYPE_CHECKING:
+    from ray.serve.handle import DeploymentHandle
+    from vllm.outputs import RequestOutput
 
 log = logging.getLogger(__name__)
-
-ROUTES = Counter(
-    "tandem_route",
-    "Requests by serving path (disaggregated, decode_only, fallback_recompute with why, router_error).",
-    ["tier", "path", "reason"],
-)
-DECODE_RETRIES = Counter("tandem_decode_retries", "Decode hops retried before the first token.", ["tier"])
-PREFILL_HOP_SECONDS = Histogram(
-    "tandem_prefill_hop_seconds",
-    "The prefill hop: gateway to prefill replica, which computes the prompt's KV, and the handoff back (successful hops).",
-    ["tier"],
-)
-DECODE_FIRST_TOKEN_SECONDS = Histogram(
-    "tandem_decode_first_token_seconds",
-    "The decode hop until its first token: the KV pull over NIXL (path disaggregated) or the prompt's "
-    "computation on decode (decode_only, fallback_recompute), plus one decode step.",
-    ["tier", "path"],
-)
-
-DECODE_REFUSED = Counter(
-    "tandem_decode_refused",
-    "Decode hops refused with a 429: no first token within the deadline, or Serve's queue full.",
-    ["tier", "reason"],
-)
-
-HEALTH_PROBES = Counter(
-    "tandem_health_probes",
-    "Readiness probes of every pool (each asks every engine for its stats); /health answers from a cache "
-    "refreshed at most once per gateway.health_interval_s.",
-)
-
-FIRST_TOKEN = Counter(
-    "tandem_first_token",
-    "Disaggregated requests by where their first token was sampled: path prefill (reused, "
-    "kv_transfer/first_token.py) or decode, with the reason the prefill's token could not be used.",
-    ["tier", "path", "reason"],
-)
 
 HEALTH_TIMEOUT_S = 5.0
 ABORT_TIMEOUT_S = 5.0  # an abort that does not answer in this is given up (the engine frees it on finish)
@@ -90,7 +56,7 @@ class _NoFirstToken(Exception):
     """The decode hop yielded no first token within its deadline."""
 
 
-async def _first_token_within(stream: Any, timeout_s: float) -> AsyncIterator[Any]:
+async def _first_token_within(stream: Any, timeout_s: float) -> AsyncIterator[RequestOutput]:
     """The stream, with a deadline on its first chunk only (later gaps are the engine's pace)."""
     it = stream.__aiter__()
     try:
@@ -102,21 +68,6 @@ async def _first_token_within(stream: Any, timeout_s: float) -> AsyncIterator[An
     yield first
     async for chunk in it:
         yield chunk
-
-
-def _sample(request: EngineRequest, i: int) -> EngineRequest:
-    """Sample i of an n > 1 request as a request of its own (vLLM's n: seed + i)."""
-    sampling = request.sampling.clone()
-    sampling.n = 1
-    if sampling.seed is not None:
-        sampling.seed += i
-    return replace(request, request_id=f"{request.request_id}-s{i}", sampling=sampling)
-
-
-def _without_prompt_logprobs(request: EngineRequest) -> EngineRequest:
-    sampling = request.sampling.clone()
-    sampling.prompt_logprobs = None
-    return replace(request, sampling=sampling)
 
 
 def _is_backpressure(exc: BaseException) -> bool:
@@ -131,7 +82,7 @@ class _Hop:
     """A hop of a request now in flight: the pool's handle and the replica it was routed to
     (None: Serve picked, so we do not know which)."""
 
-    handle: Any
+    handle: DeploymentHandle
     pick: Optional[Pick]
 
 
@@ -139,15 +90,14 @@ class DisaggregatedBackend:
     """The P/D path over Ray Serve handles to the pools (the engine client's backend,
     router/openai/engine_client.py)."""
 
-    def __init__(self, *, model_id: str, pools: dict[str, TierPools],
-                 default_tier: str, prefill_timeout_s: float, router: Any = None,
+    def __init__(self, *, model_id: str, pools: Mapping[str, TierPools],
+                 prefill_timeout_s: float, router: Optional[KVRouter] = None,
                  first_token_reuse: bool = True, decode_first_token_timeout_s: float = 120.0):
         self.model_id = model_id
         self._pools = pools
-        self._default_tier = default_tier
         self._prefill_timeout_s = prefill_timeout_s
         self._decode_first_token_timeout_s = decode_first_token_timeout_s
-        self._router = router  # a KVRouter, or None: Serve's own replica choice
+        self._router = router  # None: Serve's own replica choice
         self._first_token_reuse = first_token_reuse
         # request_id → pool → the hop in flight; `abort` sends each abort where its hop went.
         self._hops: dict[str, dict[str, _Hop]] = {}
@@ -155,15 +105,15 @@ class DisaggregatedBackend:
         self._samples: dict[str, list[str]] = {}  # request_id → its samples' ids (n > 1)
 
     def _tier(self, request: EngineRequest) -> TierPools:
-        return self._pools[request.tier or self._default_tier]
+        return self._pools[request.tier]
 
-    async def _prefill_hop(self, request: EngineRequest, prefill: Any,
-                           first_token: bool) -> tuple[Optional[Handoff], Any, Optional[list]]:
+    async def _prefill_hop(self, request: EngineRequest, prefill: DeploymentHandle,
+                           first_token: bool) -> tuple[Optional[Handoff], Optional[RequestOutput], Optional[list]]:
         """Run the prefill hop: the handoff (None: decode computes the prompt itself), with
         `first_token` the answer's first token as a RequestOutput (None: decode samples it),
         and the prompt's logprobs when asked for (None: decode computes them if asked)."""
         reason = None
-        tier = request.tier or self._default_tier
+        tier = request.tier
         started = time.perf_counter()
         first = None
         handoff = None
@@ -200,7 +150,7 @@ class DisaggregatedBackend:
         """Whether the prefill's token can be the answer's first (kv_transfer/first_token.py);
         counted either way, with the reason when not."""
         blocker = reuse_blocker(request.sampling) if self._first_token_reuse else "off"
-        FIRST_TOKEN.labels(tier=request.tier or self._default_tier, path="prefill" if blocker is None else "decode",
+        FIRST_TOKEN.labels(tier=request.tier, path="prefill" if blocker is None else "decode",
                            reason=blocker or "").inc()
         return blocker is None
 
@@ -208,17 +158,17 @@ class DisaggregatedBackend:
         if self._router is None:
             return None
         try:
-            return await self._router.route(request, request.tier or self._default_tier)
+            return await self._router.route(request, request.tier)
         except Exception:  # routing must never fail a request
             log.exception("request %s: routing failed; Serve picks the replicas", request.request_id)
-            ROUTES.labels(tier=request.tier or self._default_tier, path="router_error", reason="").inc()
+            ROUTES.labels(tier=request.tier, path="router_error", reason="").inc()
             return None
 
     @contextlib.contextmanager
     def _dispatch(self, decision: Optional[RouteDecision], pool: str, request: EngineRequest):
         """Around one hop: pin it to the routed replica, and remember where it went until it ends."""
         pick = None if decision is None else (decision.prefill if pool == "prefill" else decision.decode)
-        hop = _Hop(getattr(self._tier(request), pool), pick)
+        hop = _Hop(self._tier(request).of(pool), pick)
         hops = self._hops.setdefault(request.request_id, {})
         hops[pool] = hop
         try:
@@ -235,16 +185,16 @@ class DisaggregatedBackend:
             return contextlib.nullcontext()
         return self._router.dispatch(pick, request_id)
 
-    async def generate(self, request: EngineRequest) -> AsyncIterator[Any]:
+    async def generate(self, request: EngineRequest) -> AsyncIterator[RequestOutput]:
         if request.sampling.n > 1:
             try:
-                async for output in self._generate_n(request):
+                async for output in generate_n(self, request):
                     yield output
             finally:  # also when it ends before its samples' decode began (cancelled during the prefill)
                 self._samples.pop(request.request_id, None)
             return
         pools = self._tier(request)
-        tier = request.tier or self._default_tier
+        tier = request.tier
         decision = await self._route(request)
         first = None
         prompt_logprobs = None
@@ -267,83 +217,16 @@ class DisaggregatedBackend:
             offset = FirstTokenOffset(first.outputs[0].cumulative_logprob)
             request = continuation(request, first)
         elif prompt_logprobs is not None:
-            request = _without_prompt_logprobs(request)
+            request = without_prompt_logprobs(request)
         async for output in self._decode(request, handoff, decision, path, pools.decode):
             if prompt_logprobs is not None:
                 output.prompt_logprobs, prompt_logprobs = prompt_logprobs, None
             yield output if offset is None else offset.apply(output)
 
-    async def _generate_n(self, request: EngineRequest) -> AsyncIterator[Any]:
-        """n samples of one prompt: one prefill, n decode requests (module docstring)."""
-        pools = self._tier(request)
-        tier = request.tier or self._default_tier
-        n = request.sampling.n
-        samples = [_sample(request, i) for i in range(n)]
-        self._samples[request.request_id] = [s.request_id for s in samples]
-        decision = await self._route(samples[0])
-        prompt_logprobs = None
-        if decision is not None and decision.skip_prefill:
-            handoff, path = None, "decode_only"
-            ROUTES.labels(tier=tier, path=path, reason="").inc()
-        else:
-            FIRST_TOKEN.labels(tier=tier, path="decode", reason="n").inc()
-            with self._dispatch(decision, "prefill", samples[0]):
-                handoff, _, prompt_logprobs = await self._prefill_hop(samples[0], pools.prefill, False)
-            path = "disaggregated" if handoff is not None else "fallback_recompute"
-        if prompt_logprobs is not None:
-            samples = [_without_prompt_logprobs(s) for s in samples]
-        queue: asyncio.Queue = asyncio.Queue()
-        # Sample i starts once sample i-1 has produced: sample 0's first output means decode's
-        # prefix cache holds the prompt. One at a time, not all at once: two samples started
-        # together on one decode replica left one without a first token (seen with n=3 on the
-        # CPU test cluster, n=2 never); a decode step per sample is the price.
-        produced = [asyncio.Event() for _ in range(n)]
-
-        async def run(i: int, sample: EngineRequest) -> None:
-            try:
-                if i > 0:
-                    await produced[i - 1].wait()
-                async for output in self._decode(sample, handoff if i == 0 else None, decision, path, pools.decode):
-                    produced[i].set()
-                    await queue.put((i, output))
-                await queue.put((i, None))
-            except BaseException as exc:
-                produced[i].set()
-                await queue.put((i, exc))
-                raise
-
-        tasks = [asyncio.ensure_future(run(i, s)) for i, s in enumerate(samples)]
-        try:
-            running = n
-            finished = 0  # counted by finished outputs: a sample's stream may close after another's last output
-            started: set[int] = set()
-            while running:
-                i, item = await queue.get()
-                if isinstance(item, BaseException):
-                    raise item
-                if item is None:
-                    running -= 1
-                    continue
-                finished += bool(item.finished)
-                output = copy.copy(item)
-                output.request_id = request.request_id
-                output.outputs = [replace(c, index=i) for c in item.outputs]
-                output.finished = bool(item.finished and finished == n)
-                if prompt_logprobs is not None and i not in started:
-                    # The prefill's, as vLLM's own n yields them: on each sample's first output
-                    # (its streaming echo reads them per choice).
-                    started.add(i)
-                    output.prompt_logprobs = prompt_logprobs
-                yield output
-        finally:
-            for task in tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
-
     async def _decode(self, request: EngineRequest, handoff: Optional[Handoff], decision: Optional[RouteDecision],
-                      path: str, pool: Any) -> AsyncIterator[Any]:
+                      path: str, pool: DeploymentHandle) -> AsyncIterator[RequestOutput]:
         """The decode hop; retried once (wherever Serve sends it) if it fails before its first token."""
-        tier = request.tier or self._default_tier
+        tier = request.tier
         for attempt in (1, 2):
             # The retry goes wherever Serve sends it: the chosen replica may be the broken one.
             routed = decision if attempt == 1 else None
@@ -415,16 +298,16 @@ class DisaggregatedBackend:
 
         async def probe(tier: str, pool: str) -> str:
             try:
-                await asyncio.wait_for(getattr(self._pools[tier], pool).stats.remote(), timeout=HEALTH_TIMEOUT_S)
+                await asyncio.wait_for(self._pools[tier].of(pool).stats.remote(), timeout=HEALTH_TIMEOUT_S)
                 return "ready"
             except Exception as exc:
                 if isinstance(exc, asyncio.TimeoutError) or _is_backpressure(exc):
                     busy = self._router is not None and bool(self._router.workers(tier, pool))
                     return "busy" if busy else "no answer"
-                log.warning("health: %s-%s did not answer: %r", tier, pool, exc)
+                log.warning("health: %s did not answer: %r", PoolId(tier, pool).deployment_name, exc)
                 return "down"
 
-        names = [(tier, pool) for tier in self._pools for pool in ("prefill", "decode")]
-        results = await asyncio.gather(*(probe(t, p) for t, p in names))
-        pools = {f"{t}-{p}": state for (t, p), state in zip(names, results)}
+        names = [PoolId(tier, role) for tier in self._pools for role in ROLES]
+        results = await asyncio.gather(*(probe(p.tier, p.role) for p in names))
+        pools = {p.deployment_name: state for p, state in zip(names, results)}
         return {"ready": all(state in ("ready", "busy") for state in results), "pools": pools}

@@ -6,7 +6,7 @@ it would leave an engine replica pending).
 Lifecycle: __init__ builds the served model's VllmConfig (config + tokenizer, no weights) and
 the backend chain; Serve then calls `__serve_build_asgi_app__` once (vLLM's app state is
 async to build), `check_health` periodically (the first call starts the NIXL handshake
-warmer), and `__del__` on teardown closes what holds connections.
+warmer), and `__del__` on teardown closes what holds threads and connections (`close_gateway`).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from ray import serve
 
 from cluster.config import ClusterConfig
 from cluster.engine import structured_outputs_config
-from cluster.protocol import TierPools
+from cluster.types import TierPools
 from cluster.serve_patch import bind_replica_grpc_on_node_address
 from cluster.hardware import engine_dtype_here
 from router.admission import AdmissionControl
@@ -27,9 +27,11 @@ from router.disagg import DisaggregatedBackend
 from router.openai.app import build_openai_app, vllm_config_of, vllm_server_args
 from router.openai.engine_client import PDEngineClient
 from router.prewarm import HandshakeWarmer
-from router.ratelimit_shared import rate_limiter_from_config
+from router.ratelimit import RateLimiter
+from router.ratelimit_shared import SharedRateLimiter, rate_limiter_from_config
 from router.request_metrics import HttpMetricsMiddleware, MeasuredBackend, declare_series
 from router.routing.build import build_kv_router
+from router.routing.service import KVRouter
 
 log = logging.getLogger(__name__)
 
@@ -51,7 +53,6 @@ class Gateway:
         self.backend = DisaggregatedBackend(
             model_id=cfg.model.served_name,
             pools=pools,
-            default_tier=cfg.default_tier,
             prefill_timeout_s=cfg.kv_transfer.prefill_timeout_s,
             router=self.router,
             first_token_reuse=cfg.kv_transfer.first_token_reuse,
@@ -65,14 +66,11 @@ class Gateway:
         # or shared by all of them in Redis (auth.rate_limit_store).
         self.rate_limits = rate_limiter_from_config(cfg)
         # Bounded queue per tier in front of the pools: 429 with Retry-After beyond it.
-        self.admission = AdmissionControl(
-            self.backend, {tier: t.admission for tier, t in cfg.tiers.items()}, cfg.default_tier
-        )
+        self.admission = AdmissionControl(self.backend, {tier: t.admission for tier, t in cfg.tiers.items()})
         # Outermost, so TTFT includes the admission queue and 429s count as outcomes.
-        self.measured = MeasuredBackend(self.admission, cfg.default_tier)
-        rate_limit = None
-        if self.rate_limits.active:
-            rate_limit = self.rate_limits.hook(self.auth.tenant_of)
+        self.measured = MeasuredBackend(self.admission)
+        # The key is checked once, at the edge (auth.caller); the limits read the tenant it found.
+        rate_limit = self.rate_limits.hook() if self.rate_limits.active else None
         self.engine_client = PDEngineClient(vllm_config_of(self.args), self.measured, cfg.default_tier,
                                             rate_limit=rate_limit)
         declare_series(list(cfg.tiers))
@@ -88,26 +86,34 @@ class Gateway:
         gw = self.cfg.gateway
         app = await build_openai_app(
             self.engine_client, self.args,
-            authenticate=self.auth.tier_of, health_probe=self.admission.health,
-            # Per-tenant prefix caches (auth.prefix_cache): a salt per tenant, in both hops and the router.
-            cache_salt=self.auth.cache_salt_of if self.cfg.auth.isolates_prefix_cache() else None,
+            # API key → tenant, tier and (auth.prefix_cache isolate) the tenant's cache salt, once.
+            authenticate=self.auth.caller, health_probe=self.admission.health,
             max_body_bytes=gw.max_body_bytes, body_read_timeout_s=gw.body_read_timeout_s,
             health_interval_s=gw.health_interval_s, allowed_hosts=gw.resolved_allowed_hosts(),
         )
         return HttpMetricsMiddleware(app)
 
     async def __del__(self):
-        """Serve's teardown (awaited by Serve): the warmer, the KV-event followers, the Redis
-        connections, the renderer's threads."""
-        await self.warmer.stop()
-        await asyncio.gather(_maybe_close(self.router), _maybe_close(self.rate_limits), return_exceptions=True)
-        self.engine_client.shutdown()
+        """Serve's teardown, awaited by Serve on replica shutdown (ray/serve/_private/replica.py
+        accepts an async __del__)."""
+        await close_gateway(self.warmer, self.router, self.rate_limits, self.engine_client)
 
 
-async def _maybe_close(obj) -> None:
-    close = getattr(obj, "close", None)
-    if close is None:
-        return
-    result = close()
-    if asyncio.iscoroutine(result):
-        await result
+async def close_gateway(warmer: HandshakeWarmer, router: KVRouter, rate_limits: RateLimiter | SharedRateLimiter,
+                        engine_client: PDEngineClient) -> None:
+    """Release what a gateway replica holds, each part even when another fails: the handshake
+    warmer's task, the KV-event subscriber threads and the prefix index client (KVRouter.close,
+    a Redis connection with the redis backend), the shared rate limiter's Redis connection, the
+    renderer's thread pools."""
+    results = await asyncio.gather(warmer.stop(), asyncio.to_thread(router.close), _close(rate_limits),
+                                   return_exceptions=True)
+    for part, result in zip(("handshake warmer", "KV router", "rate limiter"), results):
+        if isinstance(result, BaseException):
+            log.warning("gateway teardown: closing the %s failed: %r", part, result)
+    engine_client.shutdown()
+
+
+async def _close(rate_limits: RateLimiter | SharedRateLimiter) -> None:
+    close = getattr(rate_limits, "close", None)  # the in-memory limiter holds nothing
+    if close is not None:
+        await close()

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import Any, Callable, Iterable, Optional
+from typing import Callable, Iterable, Optional
 
 import msgspec
 import zmq

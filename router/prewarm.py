@@ -20,9 +20,11 @@ import asyncio
 import contextlib
 import logging
 import uuid
-from typing import Any, Callable, Mapping, Optional
+from typing import Callable, Mapping, Optional
 
-from cluster.protocol import EngineRequest, TierPools
+from cluster.protocol import EngineRequest
+from cluster.types import TierPools
+from router.routing.service import KVRouter
 from kv_transfer.handoff import Handoff
 from router.routing.types import Pick, Worker
 
@@ -41,7 +43,7 @@ def _warm_sampling():
 
 
 class HandshakeWarmer:
-    def __init__(self, *, pools: Mapping[str, TierPools], model_id: str, router: Any,
+    def __init__(self, *, pools: Mapping[str, TierPools], model_id: str, router: KVRouter,
                  interval_s: float = PASS_INTERVAL_S, on_warmed: Callable[[str, str], None] = lambda p, d: None):
         self._pools = pools
         self._model_id = model_id

@@ -132,8 +132,8 @@ class RateLimiter:
         if limiter is not None:
             limiter.admit(tokens)
 
-    def hook(self, tenant_of: Callable[[Mapping[str, str]], Optional[str]]) -> EdgeHook:
-        """The edge's `rate_limit` hook; `tenant_of` is ApiKeyAuth.tenant_of."""
-        async def rate_limit(headers: Mapping[str, str], tokens: int) -> None:
-            self.check(tenant_of(headers), tokens)
+    def hook(self) -> EdgeHook:
+        """The edge's `rate_limit` hook: (the tenant the edge authenticated, tokens)."""
+        async def rate_limit(tenant: Optional[str], tokens: int) -> None:
+            self.check(tenant, tokens)
         return rate_limit

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import logging
 import math
-from typing import TYPE_CHECKING, Callable, Mapping, Optional
+from typing import TYPE_CHECKING, Mapping, Optional
 
 if TYPE_CHECKING:  # the edge's hook type (router/openai/engine_client.py imports vLLM)
     from router.openai.engine_client import RateLimit as EdgeHook
@@ -117,11 +117,9 @@ class SharedRateLimiter:
             wait_s = math.inf if wait in (b"inf", "inf") else float(wait)
             raise rate_limited(tenant, kind, caps[refused - 1], 1 if kind == "requests" else tokens, wait_s)
 
-    def hook(self, tenant_of: Callable[[Mapping[str, str]], Optional[str]]) -> EdgeHook:
-        """The edge's `rate_limit` hook; `tenant_of` is ApiKeyAuth.tenant_of."""
-        async def rate_limit(headers: Mapping[str, str], tokens: int) -> None:
-            await self.check(tenant_of(headers), tokens)
-        return rate_limit
+    def hook(self) -> EdgeHook:
+        """The edge's `rate_limit` hook: (the tenant the edge authenticated, tokens)."""
+        return self.check
 
     async def close(self) -> None:
         await self._client.aclose()

@@ -1,7 +1,7 @@
 """What each request looked like to its client, per tier: outcome, TTFT, inter-token latency,
 end-to-end latency, tokens. The SLO dashboards and alerts are built on these.
 
-`MeasuredBackend(backend, default_tier)` wraps the gateway's outermost OpenAIBackend (the
+`MeasuredBackend(backend)` wraps the gateway's outermost OpenAIBackend (the
 admission control), so TTFT includes time queued for admission, and 429s are counted as the
 outcome they are. The clock starts when the edge asks for the stream, after parsing and
 tokenizing (microseconds to a few ms); HTTP-level failures before that (400, 401, 404, 413)
@@ -12,13 +12,17 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Any, AsyncIterator, Optional, Sequence
+from typing import TYPE_CHECKING, Any, AsyncIterator, Optional, Sequence
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from cluster.metrics import Counter, Histogram
 from cluster.protocol import EngineRequest, finish_reason, new_token_ids
+from router.backend import Backend
 from router.openai.errors import OpenAIError
+
+if TYPE_CHECKING:
+    from vllm.outputs import RequestOutput
 
 HTTP_RESPONSES = Counter(
     "tandem_http_responses", "HTTP responses of the gateway by route and status code.", ["route", "status"]
@@ -44,7 +48,8 @@ OUTCOMES = ("ok", "error", "cancelled", "rejected_429")
 def declare_series(tiers: Sequence[str]) -> None:
     """Create the gateway's per-tier counters at 0, so rates and alerts read 0 before the first
     event instead of "no data" (the observability test checks every used name is exported)."""
-    from router import admission, disagg
+    from router import admission
+    from router import path_metrics as disagg
     from router.routing import metrics as routing
 
     for tier in tiers:
@@ -83,12 +88,11 @@ def outcome_of(exc: Optional[BaseException], finish_reason: Optional[str]) -> st
 class MeasuredBackend:
     """An OpenAIBackend that records per-request metrics around another one."""
 
-    def __init__(self, backend: Any, default_tier: str):
+    def __init__(self, backend: Backend):
         self.backend = backend
-        self.default_tier = default_tier
 
-    async def generate(self, request: EngineRequest) -> AsyncIterator[Any]:
-        tier = request.tier or self.default_tier
+    async def generate(self, request: EngineRequest) -> AsyncIterator[RequestOutput]:
+        tier = request.tier
         started = last = time.perf_counter()
         first = True
         finish: Optional[str] = None

@@ -18,6 +18,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Callable, Mapping, Optional, Sequence
 
+from router.openai.context import Caller
 from router.openai.edge import TandemEdge
 from router.openai.health import HealthCache
 from router.openai.hosts import HostAllowList
@@ -56,16 +57,15 @@ async def build_openai_app(
     engine_client: Any,
     args: Any,
     *,
-    authenticate: Callable[[Mapping[str, str]], str],
+    authenticate: Callable[[Mapping[str, str]], Caller],
     health_probe: Callable[[], Any],
-    cache_salt: Optional[Callable[[Mapping[str, str]], Optional[str]]] = None,
     max_body_bytes: int = 4 * 1024 * 1024,
     body_read_timeout_s: float = 10.0,
     health_interval_s: float = 1.0,
     allowed_hosts: Optional[Sequence[str]] = None,
 ) -> Any:
     """vLLM's FastAPI app for `args`, its state bound to `engine_client`, behind tandem's edge.
-    `authenticate`: headers → tier (raises OpenAIError to refuse); `health_probe`: async () →
+    `authenticate`: headers → Caller (raises OpenAIError to refuse); `health_probe`: async () →
     {"ready": bool, ...}; `allowed_hosts`: the Host values answered (None: no check)."""
     from vllm.entrypoints.launchers.api_server.app_state import init_app_state
     from vllm.entrypoints.launchers.app import build_app
@@ -74,7 +74,7 @@ async def build_openai_app(
     app = build_app(args, tasks, engine_client.model_config)
     await init_app_state(engine_client, app.state, args, tasks)
     # Wrapped, not add_middleware: vLLM's app has built its middleware stack already.
-    edge: Any = TandemEdge(app, authenticate=authenticate, cache_salt=cache_salt,
+    edge: Any = TandemEdge(app, authenticate=authenticate,
                            health=HealthCache(health_probe, health_interval_s), max_body_bytes=max_body_bytes,
                            body_read_timeout_s=body_read_timeout_s)
     if allowed_hosts is not None:

@@ -17,10 +17,20 @@ from typing import Any, Mapping, Optional
 from router.openai.errors import OpenAIError
 
 
+@dataclass(frozen=True)
+class Caller:
+    """Who sent the request, as the edge's one authentication found it (router/auth.py)."""
+
+    tier: str
+    tenant: Optional[str] = None  # None: the API is open (no keys)
+    cache_salt: Optional[str] = None  # the tenant's prefix-cache salt (auth.prefix_cache isolate)
+
+
 @dataclass
 class RequestContext:
     tier: str
     headers: Mapping[str, str] = field(default_factory=dict)
+    tenant: Optional[str] = None  # for the rate limits; authenticated once, at the edge
     cache_salt: Optional[str] = None  # the tenant's prefix-cache salt (auth.prefix_cache isolate)
     # Set once by the engine client when tandem refuses the request before its first token:
     # the middleware answers with it (status, Retry-After) instead of vLLM's stream.

@@ -9,7 +9,8 @@ happens here, in this order, before vLLM sees the request:
 2. Readiness: until every pool has answered once, the API answers 503 (vLLM's server does not
    answer before its engine is up; clients that wait on /v1/models must not send into a
    loading cluster).
-3. Authentication: API key → tenant → tier (router/auth.py) on every route but the open ones.
+3. Authentication, once: API key → tenant → tier and cache salt (router/auth.py) on every route
+   but the open ones; the rate limits read the tenant found here.
 4. The body: at most `max_body_bytes` (413), within `body_read_timeout_s` (408), valid UTF-8
    JSON nested at most 64 levels with bounded stop strings, tools and constraints (400 naming
    the field, router/openai/bounds.py); checked off the event loop when large. vLLM then reads
@@ -26,14 +27,14 @@ import asyncio
 import json
 import logging
 import uuid
-from typing import Any, Awaitable, Callable, Mapping, Optional
+from typing import Callable, Mapping, Optional
 
 from starlette.datastructures import Headers, MutableHeaders
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from router.openai.bounds import MAX_JSON_DEPTH, body_bound_error, param_of, too_deep
-from router.openai.context import CURRENT, RequestContext
+from router.openai.context import CURRENT, Caller, RequestContext
 from router.openai.errors import REQUEST_ID_HEADER, OpenAIError, bad_request, malformed_json, payload_too_large
 from router.openai.health import HealthCache
 
@@ -78,13 +79,12 @@ def check_body(body: bytes) -> None:
 
 
 class TandemEdge:
-    def __init__(self, app: ASGIApp, *, authenticate: Callable[[Mapping[str, str]], str],
-                 cache_salt: Optional[Callable[[Mapping[str, str]], Optional[str]]],
+    def __init__(self, app: ASGIApp, *, authenticate: Callable[[Mapping[str, str]], Caller],
                  health: HealthCache, max_body_bytes: int, body_read_timeout_s: float) -> None:
-        """`authenticate`: headers → tier, raising OpenAIError (401/403/400) to refuse."""
+        """`authenticate`: headers → the Caller (tier, tenant, cache salt), raising OpenAIError
+        (401/403/400) to refuse; called once per request, and nothing checks the key again."""
         self.app = app
         self.authenticate = authenticate
-        self.cache_salt = cache_salt
         self.health = health
         self.max_body_bytes = max_body_bytes
         self.body_read_timeout_s = body_read_timeout_s
@@ -112,13 +112,13 @@ class TandemEdge:
                                   "unknown_url")
             if path not in OPEN_PATHS:
                 await self._check_ready()
-            tier = self.authenticate(headers) if path not in OPEN_PATHS else None
+            caller = self.authenticate(headers) if path not in OPEN_PATHS else None
             receive = await self._read_body(scope, receive, headers)
         except OpenAIError as exc:
             await exc.response(request_id)(scope, receive, send)
             return
-        ctx = RequestContext(tier=tier or "", headers=headers,
-                             cache_salt=self.cache_salt(headers) if self.cache_salt and tier else None)
+        ctx = RequestContext(tier="", headers=headers) if caller is None else RequestContext(
+            tier=caller.tier, headers=headers, tenant=caller.tenant, cache_salt=caller.cache_salt)
         token = CURRENT.set(ctx)
         guarded = _RefusalAware(send, ctx, scope, request_id)
         try:

@@ -5,7 +5,8 @@ request with the model's renderer, then calls `engine_client.generate(prompt, pa
 builds the response from the RequestOutputs it yields. This class is that engine client: it
 checks the request as vLLM's AsyncLLM would (its InputProcessor, so a bad parameter fails the
 same way), turns it into an EngineRequest for the tier the edge chose (router/openai/context.py)
-and streams what the backend — admission → metrics → the P/D path (router/disagg.py) — yields.
+and streams what the backend — metrics → admission → the P/D path (router/disagg.py), each
+a router/backend.py Backend — yields.
 
 Outputs come from the engines as DELTAs without their prompt; here they get the prompt back,
 the caller's request id, and, for FINAL_ONLY or CUMULATIVE callers, are aggregated as vLLM's
@@ -20,7 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any, AsyncGenerator, AsyncIterator, Awaitable, Callable, Mapping, Optional, Protocol
+from typing import Any, AsyncGenerator, Awaitable, Callable, Mapping, Optional
 
 from vllm.engine.protocol import EngineClient
 from vllm.renderers import renderer_from_config
@@ -28,31 +29,26 @@ from vllm.sampling_params import RequestOutputKind, SamplingParams
 from vllm.v1.engine.input_processor import InputProcessor
 
 from cluster.protocol import EngineRequest, merge_outputs
+from router.backend import Backend
 from router.openai.context import CURRENT, RequestContext
 from router.openai.errors import OpenAIError
 
 log = logging.getLogger(__name__)
 
 
-# The rate-limit hook: (request headers, the request's token cost: prompt + max_tokens × n) →
-# awaitable None, or an OpenAIError 429 to refuse (router/ratelimit.py, ratelimit_shared.py).
-RateLimit = Callable[[Mapping[str, str], int], Awaitable[None]]
-
-
-class Backend(Protocol):
-    """What serves an EngineRequest: RequestOutput DELTAs; may raise OpenAIError (429, 400)."""
-
-    def generate(self, request: EngineRequest) -> AsyncIterator[Any]: ...
-
-    async def abort(self, request_id: str) -> None: ...
-
-    async def health(self) -> dict[str, Any]: ...
+# The rate-limit hook: (the caller's tenant as the edge authenticated it, None for an open API;
+# the request's token cost: prompt + max_tokens × n) → awaitable None, or an OpenAIError 429 to
+# refuse (router/ratelimit.py, ratelimit_shared.py). The key is checked once, at the edge.
+RateLimit = Callable[[Optional[str], int], Awaitable[None]]
 
 
 class PDEngineClient(EngineClient):
     def __init__(self, vllm_config: Any, backend: Backend, default_tier: str, *,
                  rate_limit: Optional[RateLimit] = None):
-        """`rate_limit`: async (headers, token cost) → None, raising a 429 OpenAIError to refuse."""
+        """`default_tier`: the tier of a request that did not come through the edge (no
+        RequestContext: vLLM calling its engine client directly); the edge chooses every other
+        request's tier, and nothing below this class defaults it again. `rate_limit`: async
+        (tenant, token cost) → None, raising a 429 OpenAIError to refuse."""
         self.vllm_config = vllm_config
         self.model_config = vllm_config.model_config
         self.renderer = renderer_from_config(vllm_config)
@@ -82,7 +78,7 @@ class PDEngineClient(EngineClient):
         started = finished = False
         try:
             if self.rate_limit is not None:
-                await self.rate_limit(ctx.headers, len(token_ids) + (params.max_tokens or 0) * params.n)
+                await self.rate_limit(ctx.tenant, len(token_ids) + (params.max_tokens or 0) * params.n)
             async for output in self.backend.generate(request):
                 started = True
                 finished = finished or output.finished

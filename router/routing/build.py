@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from cluster.app import APP_NAME, deployment_name
 from cluster.config import ClusterConfig
+from cluster.types import ROLES, PoolId
 from router.prefix_index import make_index
 from router.prefix_index.redis_index import tls_of
 from router.routing.decider import Objectives, PDDecider
@@ -21,8 +21,7 @@ def build_kv_router(cfg: ClusterConfig) -> KVRouter:
                            redis_tls=tls_of(routing.index.redis_tls), prefix=routing.index.key_prefix,
                            key_ttl_s=routing.index.key_ttl_s)
     directories = {
-        (tier, pool): pool_directory(APP_NAME, deployment_name(tier, pool))
-        for tier in cfg.tiers for pool in ("prefill", "decode")
+        (tier, role): pool_directory(PoolId(tier, role)) for tier in cfg.tiers for role in ROLES
     }
     objectives = {tier: Objectives(ttft_s=t.slo.ttft_s, itl_s=t.slo.itl_s) for tier, t in cfg.tiers.items()}
     # The decode engine's prefill tokens per step; unset: vLLM's chunked-prefill default.

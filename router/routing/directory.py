@@ -18,14 +18,16 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Optional
+from typing import Optional
+
+from cluster.types import APP_NAME, PoolId, RoutingStats
 
 
 @dataclass(frozen=True)
 class ReplicaInfo:
     replica_id: str
     capacity: int
-    stats: Mapping[str, Any] = field(default_factory=dict)  # the replica's record_routing_stats()
+    stats: RoutingStats = field(default_factory=RoutingStats)  # the replica's record_routing_stats()
 
 
 class PoolDirectory:
@@ -58,8 +60,13 @@ _DIRECTORIES: dict[str, PoolDirectory] = {}
 _DIRECTORIES_LOCK = threading.Lock()
 
 
-def pool_directory(app_name: str, deployment_name: str) -> PoolDirectory:
-    """The directory of one deployment in this process (created on first use by either side)."""
-    key = f"{app_name}/{deployment_name}"
+def pool_directory(pool: PoolId, app_name: str = APP_NAME) -> PoolDirectory:
+    """The directory of one pool's deployment in this process (created on first use by either side)."""
+    return directory_of(app_name, pool.deployment_name)
+
+
+def directory_of(app_name: str, deployment: str) -> PoolDirectory:
+    """The directory under Serve's own names (the Serve router knows its deployment id only)."""
+    key = f"{app_name}/{deployment}"
     with _DIRECTORIES_LOCK:
         return _DIRECTORIES.setdefault(key, PoolDirectory())

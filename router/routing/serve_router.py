@@ -21,10 +21,8 @@ from ray.serve._private.request_router.common import PendingRequest
 from ray.serve._private.request_router.replica_wrapper import RunningReplica
 from ray.serve._private.request_router.request_router import RequestRouter
 
-from router.routing.directory import PoolDirectory, ReplicaInfo, pool_directory
-
-ROUTER_CLASS_PATH = "router.routing.serve_router:KVAwareRequestRouter"
-
+from cluster.types import RoutingStats
+from router.routing.directory import PoolDirectory, ReplicaInfo, directory_of
 
 def request_id_of(pending_request: Optional[PendingRequest]) -> Optional[str]:
     """Our request id: the first argument of prefill(request) / generate(request, handoff),
@@ -39,12 +37,12 @@ def request_id_of(pending_request: Optional[PendingRequest]) -> Optional[str]:
 
 class KVAwareRequestRouter(RequestRouter):
     def initialize_state(self, **kwargs: Any) -> None:
-        self._directory: PoolDirectory = pool_directory(self._deployment_id.app_name, self._deployment_id.name)
+        self._directory: PoolDirectory = directory_of(self._deployment_id.app_name, self._deployment_id.name)
 
     def update_replicas(self, replicas: List[RunningReplica]) -> None:
         super().update_replicas(replicas)
         self._directory.set_replicas([
-            ReplicaInfo(r.replica_id.unique_id, r.max_ongoing_requests, dict(r.routing_stats or {}))
+            ReplicaInfo(r.replica_id.unique_id, r.max_ongoing_requests, RoutingStats.from_dict(r.routing_stats))
             for r in replicas
         ])
 

@@ -27,13 +27,14 @@ import time
 from typing import Callable, Iterator, Mapping, Optional
 
 from cluster.protocol import EngineRequest
+from cluster.types import PoolId, RoutingStats
 from router.hashing import DEFAULT_SEED, BlockHasher
 from router.kv_events import KVEventSubscriber
 from router.prefix_index import IndexUnavailable, PrefixIndex
 from router.routing import metrics
 from router.routing.cost_model import EngineCostModel
 from router.routing.decider import DecodeView, Objectives, PDDecider, PrefillView, RequestView, decide
-from router.routing.directory import PoolDirectory
+from router.routing.directory import PoolDirectory, ReplicaInfo
 from router.routing.pipeline import pick
 from router.routing.types import Pick, RouteContext, RouteDecision, Worker
 
@@ -41,26 +42,26 @@ log = logging.getLogger(__name__)
 
 INDEX_TIMEOUT_S = 0.25
 SYNC_PERIOD_S = 0.5
-DEFAULT_OBJECTIVES = Objectives(ttft_s=1.0, itl_s=0.1)  # cluster/config.py SLOConfig's defaults
+DEFAULT_OBJECTIVES = Objectives(ttft_s=1.0, itl_s=0.1)  # cluster/config/ SLOConfig's defaults
 DEFAULT_CHUNK_BUDGET = 2048  # vLLM's max_num_batched_tokens when unset (chunked prefill on, its default)
 OUTLIER_FACTOR = 3.0
 MAX_PENDING = 10_000  # remote decisions whose prefill hop has not started (cancelled ones age out)
 
 
-def worker_from(info, tier: str, pool: str, deployment: str, in_flight: int) -> Worker:
+def worker_from(info: ReplicaInfo, pool: PoolId, in_flight: int) -> Worker:
     """A Worker from a replica's directory entry; before its first routing stats arrive it
     is load-only (no cache layout known)."""
     stats = info.stats
     return Worker(
-        worker_id=stats.get("worker_id") or f"{deployment}-{info.replica_id}",
+        worker_id=stats.worker_id or pool.worker_id(info.replica_id),
         replica_id=info.replica_id,
-        tier=tier,
-        pool=pool,
+        tier=pool.tier,
+        pool=pool.role,
         in_flight=in_flight,
         capacity=max(int(info.capacity), 1),
-        kv_usage=float(stats.get("kv_usage", 0.0)),
-        block_size=stats.get("block_size") if stats.get("hash_algo", "sha256") == "sha256" else None,
-        hash_seed=stats.get("hash_seed", DEFAULT_SEED),
+        kv_usage=stats.kv_usage,
+        block_size=stats.block_size if stats.hash_algo == "sha256" else None,
+        hash_seed=stats.hash_seed or DEFAULT_SEED,
     )
 
 
@@ -100,9 +101,8 @@ class KVRouter:
         directory = self._directories.get((tier, pool))
         if directory is None:
             return []
-        deployment = f"{tier}-{pool}"
-        return [worker_from(r, tier, pool, deployment, self._in_flight.get(r.replica_id, 0))
-                for r in directory.replicas()]
+        pool_id = PoolId(tier, pool)  # type: ignore[arg-type]
+        return [worker_from(r, pool_id, self._in_flight.get(r.replica_id, 0)) for r in directory.replicas()]
 
     async def _sync_subscribers(self) -> None:
         """Follow the KV events of every live worker; forget the workers that left."""
@@ -113,9 +113,9 @@ class KVRouter:
         live: dict[str, tuple[str, Optional[str]]] = {}
         for directory in self._directories.values():
             for info in directory.replicas():
-                endpoint = info.stats.get("kv_events")
-                if endpoint and info.stats.get("worker_id"):
-                    live[info.stats["worker_id"]] = (endpoint, info.stats.get("kv_replay"))
+                endpoint = info.stats.kv_events
+                if endpoint and info.stats.worker_id:
+                    live[info.stats.worker_id] = (endpoint, info.stats.kv_replay)
         for worker_id, (endpoint, replay) in live.items():
             old = self._subscribers.get(worker_id)
             if old is not None and old.crashed:  # its thread died: follow the worker anew
@@ -216,7 +216,7 @@ class KVRouter:
         own queue accounting (fresher than the stats) and the cost models."""
         d_stats = self._stats_of(decode.worker)
         d_model = self._observe_step(decode.worker.worker_id, d_stats)
-        running = max(int(d_stats.get("running_seqs", 0)), decode.worker.in_flight)
+        running = max(d_stats.running_seqs, decode.worker.in_flight)
         decode_view = DecodeView(running_seqs=running,
                                  chunk_budget_tokens=self._chunk_budgets.get(tier, DEFAULT_CHUNK_BUDGET),
                                  model=d_model)
@@ -224,7 +224,7 @@ class KVRouter:
             prefill_view = PrefillView(queued_tokens=0)
         else:
             p_stats = self._stats_of(prefill.worker)
-            queued = max(int(p_stats.get("queued_prompt_tokens", 0)),
+            queued = max(p_stats.queued_prompt_tokens,
                          self._queued_tokens.get(prefill.worker.replica_id, 0))
             prefill_view = PrefillView(queued_tokens=queued,
                                        model=self._models.get(prefill.worker.worker_id, EngineCostModel()))
@@ -233,20 +233,20 @@ class KVRouter:
         return decide(self._decider, req, prefill_view, decode_view,
                       self._objectives.get(tier, DEFAULT_OBJECTIVES))
 
-    def _stats_of(self, worker: Worker) -> Mapping:
+    def _stats_of(self, worker: Worker) -> RoutingStats:
         directory = self._directories.get((worker.tier, worker.pool))
         for info in directory.replicas() if directory is not None else ():
             if info.replica_id == worker.replica_id:
                 return info.stats
-        return {}
+        return RoutingStats()
 
-    def _observe_step(self, worker_id: str, stats: Mapping) -> EngineCostModel:
+    def _observe_step(self, worker_id: str, stats: RoutingStats) -> EngineCostModel:
         """Feed a decode engine's step report to its model, once per new report."""
         model = self._models.get(worker_id, EngineCostModel())
-        report = (stats.get("running_seqs"), stats.get("step_s"), stats.get("step_n"))
-        if report[1] is not None and report != self._step_reports.get(worker_id):
+        report = (stats.running_seqs, stats.step_s, stats.step_n)
+        if stats.step_s is not None and report != self._step_reports.get(worker_id):
             self._step_reports[worker_id] = report
-            model = model.observe_step(float(report[0] or 0), float(report[1]))
+            model = model.observe_step(float(stats.running_seqs), stats.step_s)
             self._models[worker_id] = model
         return model
 

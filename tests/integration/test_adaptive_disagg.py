@@ -21,7 +21,8 @@ from collections import Counter
 import pytest
 from vllm import SamplingParams
 
-from cluster.protocol import EngineRequest, TierPools, finish_reason
+from cluster.protocol import EngineRequest, finish_reason
+from cluster.types import PoolId, TierPools
 from router.disagg import DisaggregatedBackend
 from router.routing import service
 from router.routing.decider import Objectives, PDDecider
@@ -61,13 +62,13 @@ def test_idle_long_prompts_go_remote_and_a_burst_spills_some_to_decode(base_url,
         return verdict
 
     monkeypatch.setattr(service, "decide", recording)
-    dirs = {(TIER, pool): pool_directory("tandem", f"{TIER}-{pool}") for pool in ("prefill", "decode")}
+    dirs = {(TIER, pool): pool_directory(PoolId(TIER, pool)) for pool in ("prefill", "decode")}
     handles = TierPools(prefill=serve.get_deployment_handle(f"{TIER}-prefill", app_name="tandem"),
                         decode=serve.get_deployment_handle(f"{TIER}-decode", app_name="tandem"))
     router = KVRouter(directories=dirs, index=None, weights={"load": 1.0}, decider=PDDecider(mode="adaptive"),
                       subscribe=False, objectives={TIER: Objectives(ttft_s=2.0, itl_s=0.5)})
     backend = DisaggregatedBackend(model_id=MODEL_NAME,
-                                   pools={TIER: handles}, default_tier=TIER, prefill_timeout_s=60, router=router)
+                                   pools={TIER: handles}, prefill_timeout_s=60, router=router)
     try:
         asyncio.run(scenario(backend, router, handles, verdicts))
     finally:

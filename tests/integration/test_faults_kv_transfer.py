@@ -59,7 +59,7 @@ def test_a_kv_transfer_that_cannot_complete_is_recomputed_within_a_bound(base_ur
     rng = random.Random(time.time_ns())
     prompt = tuple(rng.randrange(5, 250) for _ in range(300))  # 2 full blocks and a partial one
     sampling = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True)
-    request = EngineRequest(f"faults-kv-{uuid.uuid4()}", prompt, sampling)
+    request = EngineRequest(f"faults-kv-{uuid.uuid4()}", prompt, sampling, tier="interactive")
     result = prefill.prefill.remote(request).result()
     handoff = Handoff.from_prefill(MODEL_NAME, corrupt(result.kv_transfer_params))
 
@@ -71,7 +71,7 @@ def test_a_kv_transfer_that_cannot_complete_is_recomputed_within_a_bound(base_ur
 
     # The reference: the same prompt computed on decode with no handoff at all.
     expected_ids, expected_text = decode_text(decode, EngineRequest(f"faults-kv-ref-{uuid.uuid4()}", prompt,
-                                                                    sampling), None)
+                                                                    sampling, tier="interactive"), None)
     recomputed = (after.prompt_tokens_computed + after.prompt_tokens_cached) - (
         before.prompt_tokens_computed + before.prompt_tokens_cached)
     print(f"\n{corrupt.__name__}: answered in {took:.2f} s; decode computed {recomputed:g} prompt tokens, "

@@ -21,7 +21,8 @@ import pytest
 from vllm import SamplingParams
 import redis
 
-from cluster.protocol import EngineRequest, TierPools, finish_reason
+from cluster.protocol import EngineRequest, finish_reason
+from cluster.types import PoolId, TierPools
 from router.disagg import DisaggregatedBackend
 from router.prefix_index import make_index
 from router.routing.decider import PDDecider
@@ -69,13 +70,13 @@ def test_redis_stopped_under_load_fails_nothing_and_routing_recovers(base_url):
     server.start()
     router = None
     try:
-        dirs = {(TIER, pool): pool_directory("tandem", f"{TIER}-{pool}") for pool in ("prefill", "decode")}
+        dirs = {(TIER, pool): pool_directory(PoolId(TIER, pool)) for pool in ("prefill", "decode")}
         handles = TierPools(prefill=serve.get_deployment_handle(f"{TIER}-prefill", app_name="tandem"),
                             decode=serve.get_deployment_handle(f"{TIER}-decode", app_name="tandem"))
         router = KVRouter(directories=dirs, index=make_index("redis", redis_url=server.url, prefix="faults:"),
                           weights={"prefix": 1.0, "load": 0.5, "kv_usage": 0.1}, decider=PDDecider(0))
         backend = DisaggregatedBackend(model_id=MODEL_NAME,
-                                       pools={TIER: handles}, default_tier=TIER, prefill_timeout_s=30,
+                                       pools={TIER: handles}, prefill_timeout_s=30,
                                        router=router)
         asyncio.run(scenario(backend, router, handles, server))
     finally:

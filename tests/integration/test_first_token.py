@@ -32,7 +32,7 @@ def _decode_handle():
 
 def alone(prompt_ids: list[int], sampling: SamplingParams) -> tuple[list[int], str, list]:
     """The decode engine computing the request by itself: what a single engine answers."""
-    request = EngineRequest(f"single-{uuid.uuid4()}", tuple(prompt_ids), sampling)
+    request = EngineRequest(f"single-{uuid.uuid4()}", tuple(prompt_ids), sampling, tier="interactive")
     ids, text, logprobs, finish = [], "", [], None
     for chunk in _decode_handle().options(stream=True).generate.remote(request, None):
         ids += chunk.outputs[0].token_ids

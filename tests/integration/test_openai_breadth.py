@@ -63,7 +63,7 @@ def decode_only(prompt_ids: list[int], **sampling) -> list:
 
     from cluster.protocol import EngineRequest
 
-    request = EngineRequest(f"decode-only-{uuid.uuid4().hex}", tuple(prompt_ids), SamplingParams(**sampling))
+    request = EngineRequest(f"decode-only-{uuid.uuid4().hex}", tuple(prompt_ids), SamplingParams(**sampling), tier="interactive")
     return list(_handle("interactive-decode").options(stream=True).generate.remote(request, None))
 
 
@@ -229,7 +229,7 @@ SPEC_SCRIPT = textwrap.dedent('''
 
         async def run(ids):
             req = EngineRequest(uuid.uuid4().hex, tuple(ids), SamplingParams(max_tokens=24, temperature=0,
-                                                                                 ignore_eos=True))
+                                                                                 ignore_eos=True), tier="interactive")
             return [t for chunk in [c async for c in engine.decode(req, None)] for t in chunk.outputs[0].token_ids]
 
         async def all_of():

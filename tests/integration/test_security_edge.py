@@ -251,7 +251,7 @@ def test_a_malformed_kv_frame_is_counted_and_the_index_rebuilt(base_url):
         prompt = [rng.randrange(5, 250) for _ in range(3 * block + 5)]
         hashes = BlockHasher(block, stats["hash_seed"]).hashes(prompt)
         decode = serve.get_deployment_handle(DECODE, app_name="tandem")
-        request = EngineRequest(f"kv-frame-{uuid.uuid4()}", tuple(prompt), SamplingParams(max_tokens=2, temperature=0))
+        request = EngineRequest(f"kv-frame-{uuid.uuid4()}", tuple(prompt), SamplingParams(max_tokens=2, temperature=0), tier="interactive")
         for _ in decode.options(stream=True).generate.remote(request, None):
             pass
         deadline = time.monotonic() + 30
@@ -273,7 +273,7 @@ def test_a_malformed_kv_frame_is_counted_and_the_index_rebuilt(base_url):
         assert not sub.crashed
         assert index.match(hashes) == {stats["worker_id"]: len(hashes)}
         prompt2 = [rng.randrange(5, 250) for _ in range(2 * block)]
-        request2 = EngineRequest(f"kv-frame-{uuid.uuid4()}", tuple(prompt2), SamplingParams(max_tokens=2))
+        request2 = EngineRequest(f"kv-frame-{uuid.uuid4()}", tuple(prompt2), SamplingParams(max_tokens=2), tier="interactive")
         for _ in decode.options(stream=True).generate.remote(request2, None):
             pass
         hashes2 = BlockHasher(block, stats["hash_seed"]).hashes(prompt2)
@@ -297,7 +297,7 @@ def test_a_handoff_past_its_lease_is_recomputed_never_pulled(base_url):
     rng = random.Random(time.time_ns())
     prompt = tuple(rng.randrange(5, 250) for _ in range(300))
     sampling = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True)
-    request = EngineRequest(f"lease-{uuid.uuid4()}", prompt, sampling)
+    request = EngineRequest(f"lease-{uuid.uuid4()}", prompt, sampling, tier="interactive")
     result = prefill.prefill.remote(request).result()
     assert result.lease_deadline is not None and result.lease_deadline > time.time()
     expired = Handoff.from_prefill(MODEL_NAME, result.kv_transfer_params, lease_deadline=time.time() - 1)
@@ -305,7 +305,7 @@ def test_a_handoff_past_its_lease_is_recomputed_never_pulled(base_url):
     before = next(iter(replica_stats(DECODE, 1).values()))
     ids, text = decode_text(decode, request, expired)
     after = next(iter(replica_stats(DECODE, 1).values()))
-    expected = decode_text(decode, EngineRequest(f"lease-ref-{uuid.uuid4()}", prompt, sampling), None)
+    expected = decode_text(decode, EngineRequest(f"lease-ref-{uuid.uuid4()}", prompt, sampling, tier="interactive"), None)
     assert (ids, text) == expected and len(ids) == 8  # the request's own answer
     assert after.prompt_tokens_transferred == before.prompt_tokens_transferred  # nothing pulled
     wait_for_metric("ray_tandem_handoffs_expired_total", counted + 1, tier="interactive")
@@ -325,7 +325,7 @@ def test_two_tenants_salts_keep_their_prefix_caches_apart(base_url):
 
     def cached_tokens(salt: Optional[str]) -> float:
         before = next(iter(replica_stats(DECODE, 1).values())).prompt_tokens_cached
-        request = EngineRequest(f"tenant-{uuid.uuid4()}", prompt, SamplingParams(max_tokens=1), cache_salt=salt)
+        request = EngineRequest(f"tenant-{uuid.uuid4()}", prompt, SamplingParams(max_tokens=1), cache_salt=salt, tier="interactive")
         decode_text(decode, request, None)
         return next(iter(replica_stats(DECODE, 1).values())).prompt_tokens_cached - before
 

@@ -13,6 +13,7 @@ import httpx
 from fastapi.testclient import TestClient
 
 from tests.conftest import TEST_STATE
+from router.openai.context import Caller
 from tests.fakes import FakeBackend
 
 MODEL = "tiny-llama"
@@ -52,10 +53,10 @@ class _BuiltOnFirstCall:
 
 
 def edge_app(backend: Optional[FakeBackend] = None, *,
-             authenticate: Optional[Callable[[Mapping[str, str]], str]] = None, rate_limit: Any = None,
+             authenticate: Optional[Callable[[Mapping[str, str]], Caller]] = None, rate_limit: Any = None,
              **edge_kwargs: Any) -> Any:
     """The edge as an ASGI app over `backend`, built on its first call; `edge_kwargs` go to
-    build_openai_app (cache_salt, max_body_bytes, body_read_timeout_s, health_interval_s,
+    build_openai_app (max_body_bytes, body_read_timeout_s, health_interval_s,
     allowed_hosts)."""
     from router.openai.app import build_openai_app
     from router.openai.engine_client import PDEngineClient
@@ -65,11 +66,11 @@ def edge_app(backend: Optional[FakeBackend] = None, *,
     client = PDEngineClient(config, backend, TIER, rate_limit=rate_limit)
     edge_kwargs.setdefault("health_interval_s", 0.0)
     return _BuiltOnFirstCall(lambda: build_openai_app(
-        client, args, authenticate=authenticate or (lambda headers: TIER), health_probe=backend.health,
+        client, args, authenticate=authenticate or (lambda headers: Caller(TIER)), health_probe=backend.health,
         **edge_kwargs))
 
 
-def make_client(backend: Optional[FakeBackend] = None, *, authenticate: Optional[Callable[[Mapping[str, str]], str]] = None,
+def make_client(backend: Optional[FakeBackend] = None, *, authenticate: Optional[Callable[[Mapping[str, str]], Caller]] = None,
                 rate_limit: Any = None, **edge_kwargs: Any) -> tuple[TestClient, FakeBackend]:
     """A test client of `edge_app(backend, ...)` and the backend."""
     backend = backend or FakeBackend()

@@ -19,7 +19,7 @@ LIMITS = {"interactive": AdmissionConfig(max_running=2, max_queued=1, queue_time
           "batch": AdmissionConfig(max_running=1, max_queued=1, queue_timeout_s=5, retry_after_s=7)}
 
 
-def request(tier=None, rid="r"):
+def request(tier="interactive", rid="r"):
     return EngineRequest(rid, (1, 2, 3), SamplingParams(max_tokens=3), tier=tier)
 
 
@@ -229,7 +229,7 @@ def test_batch_load_never_degrades_interactive_admission():
     async def main():
         backend = FakeBackend()
         backend.hang_after = 1  # every stream holds its place until closed
-        admission = AdmissionControl(backend, LIMITS, default_tier="interactive")
+        admission = AdmissionControl(backend, LIMITS)
         held = [await start(admission, request("batch", "b0"))]
         queued = asyncio.create_task(start(admission, request("batch", "b1")))
         await asyncio.sleep(0)
@@ -238,7 +238,7 @@ def test_batch_load_never_degrades_interactive_admission():
         assert exc.value.status == 429 and exc.value.headers["Retry-After"] == "7"
         # interactive still gets both of its places at once, no queueing behind batch
         for i in range(2):
-            held.append(await asyncio.wait_for(start(admission, request(None, f"i{i}")), 1))
+            held.append(await asyncio.wait_for(start(admission, request("interactive", f"i{i}")), 1))
         assert admission.gates["interactive"].running == 2 and admission.gates["batch"].queued == 1
         # closing the batch stream hands its place to the queued batch request
         await held[0][0].aclose()
@@ -260,7 +260,7 @@ def test_over_the_bound_is_429_with_retry_after_over_http():
 
     backend = FakeBackend()
     admission = AdmissionControl(backend, {"interactive": AdmissionConfig(max_running=1, max_queued=0,
-                                                                          retry_after_s=4)}, "interactive")
+                                                                          retry_after_s=4)})
     client = make_client(admission)[0]
     gate = admission.gates["interactive"]
     gate.running = 1  # a request in the pools takes the only place

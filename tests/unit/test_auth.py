@@ -36,7 +36,7 @@ def config(tmp_path, monkeypatch, auth=None):
 def client(tmp_path, monkeypatch):
     backend = FakeBackend()
     auth = ApiKeyAuth.from_config(config(tmp_path, monkeypatch))
-    return make_client(backend, authenticate=auth.tier_of)[0], backend
+    return make_client(backend, authenticate=auth.caller)[0], backend
 
 
 def bearer(key):
@@ -99,7 +99,7 @@ def test_no_keys_runs_open_and_says_so(tmp_path, monkeypatch, caplog):
         auth = ApiKeyAuth.from_config(config(tmp_path, monkeypatch, auth={}))
     assert auth.open and "OPEN" in caplog.text
     backend = FakeBackend()
-    c, _ = make_client(backend, authenticate=auth.tier_of)
+    c, _ = make_client(backend, authenticate=auth.caller)
     assert c.post("/v1/completions", json=BODY).status_code == 200
     assert c.post("/v1/completions", json=BODY, headers={"X-Tandem-Tier": "batch"}).status_code == 200
     assert [r.tier for r in backend.requests] == ["interactive", "batch"]

@@ -14,6 +14,7 @@ from router.routing.cost_model import PREFILL_PRIOR, STEP_PRIOR, EngineCostModel
 from router.routing.decider import (DecodeView, Objectives, PDDecider, PrefillView, RequestView, decide,
                                     predict_local)
 from router.routing.directory import PoolDirectory, ReplicaInfo
+from cluster.types import RoutingStats
 from router.routing.service import KVRouter
 
 ADAPTIVE = PDDecider(mode="adaptive")
@@ -175,7 +176,7 @@ def test_routing_config_defaults_to_adaptive_and_keeps_the_threshold():
 
 def pool(pool_name: str, stats: dict) -> PoolDirectory:
     d = PoolDirectory()
-    d.set_replicas([ReplicaInfo("x", 8, {"worker_id": f"interactive-{pool_name}-x", **stats})])
+    d.set_replicas([ReplicaInfo("x", 8, RoutingStats.from_dict({"worker_id": f"interactive-{pool_name}-x", **stats}))])
     return d
 
 
@@ -189,7 +190,7 @@ def router(prefill_stats: dict, decode_stats: dict, *, mode="adaptive", timer=No
 
 
 def req(n: int, rid="r1") -> EngineRequest:
-    return EngineRequest(request_id=rid, prompt_token_ids=tuple(range(n)), sampling=SamplingParams(max_tokens=4))
+    return EngineRequest(request_id=rid, prompt_token_ids=tuple(range(n)), sampling=SamplingParams(max_tokens=4), tier="interactive")
 
 
 def test_the_router_sends_long_prompts_local_when_the_reported_prefill_queue_is_long():

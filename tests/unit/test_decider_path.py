@@ -9,10 +9,12 @@ import random
 
 from vllm import SamplingParams
 
-from cluster.protocol import EngineRequest, TierPools, new_token_ids
+from cluster.protocol import EngineRequest, new_token_ids
+from cluster.types import TierPools
 from router.disagg import DisaggregatedBackend
 from router.routing.decider import Objectives, PDDecider
 from router.routing.directory import PoolDirectory, ReplicaInfo
+from cluster.types import RoutingStats
 from router.routing.service import KVRouter
 from tests.fakes import FakeServePool
 
@@ -23,15 +25,14 @@ def make_backend(queued_prompt_tokens: int, mode: str = "adaptive"):
     dirs = {(TIER, pool): PoolDirectory() for pool in ("prefill", "decode")}
     pools = TierPools(prefill=FakeServePool(dirs[(TIER, "prefill")], ["p0"]),
                       decode=FakeServePool(dirs[(TIER, "decode")], ["d0"]))
-    dirs[(TIER, "prefill")].set_replicas([ReplicaInfo("p0", 64, {"worker_id": "interactive-prefill-p0",
-                                                                 "queued_prompt_tokens": queued_prompt_tokens})])
-    dirs[(TIER, "decode")].set_replicas([ReplicaInfo("d0", 64, {"worker_id": "interactive-decode-d0",
-                                                                "running_seqs": 0})])
+    dirs[(TIER, "prefill")].set_replicas([ReplicaInfo("p0", 64, RoutingStats.from_dict({"worker_id": "interactive-prefill-p0",
+                                                                 "queued_prompt_tokens": queued_prompt_tokens}))])
+    dirs[(TIER, "decode")].set_replicas([ReplicaInfo("d0", 64, RoutingStats.from_dict({"worker_id": "interactive-decode-d0",
+                                                                "running_seqs": 0}))])
     router = KVRouter(directories=dirs, index=None, weights={"load": 1.0}, decider=PDDecider(mode=mode),
                       subscribe=False, rng=random.Random(0), objectives={TIER: Objectives(ttft_s=1.0, itl_s=0.1)},
                       chunk_budgets={TIER: 64})
-    backend = DisaggregatedBackend(model_id="m", pools={TIER: pools},
-                                   default_tier=TIER, prefill_timeout_s=5, router=router)
+    backend = DisaggregatedBackend(model_id="m", pools={TIER: pools}, prefill_timeout_s=5, router=router)
     return backend, pools
 
 

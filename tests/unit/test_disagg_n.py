@@ -1,4 +1,4 @@
-"""Sampling n > 1 through DisaggregatedBackend (router/disagg.py): one prefill, n decode
+"""Sampling n > 1 through DisaggregatedBackend (router/disagg.py, router/samples.py): one prefill, n decode
 requests on one decode replica (the first pulls the KV, the others start after its first
 output, from decode's prefix cache), vLLM's seeds (seed + i), outputs re-indexed per sample
 with one finish, aborts of every sample; and the prompt's logprobs, computed by the prefill,
@@ -13,7 +13,7 @@ from dataclasses import replace
 from vllm import SamplingParams
 
 from cluster.protocol import EngineRequest, finish_reason, new_token_ids
-from router import disagg
+from router import samples as n_path
 from tests.fakes import RecordingMetric
 from tests.unit.test_disagg_abort import TIER, make_backend
 
@@ -83,7 +83,7 @@ def collect(backend, req) -> list:
 
 def test_n_samples_share_one_prefill_and_one_decode_replica(monkeypatch):
     counted = RecordingMetric()
-    monkeypatch.setattr(disagg, "FIRST_TOKEN", counted)
+    monkeypatch.setattr(n_path, "FIRST_TOKEN", counted)
     backend, pools = make_backend()
     rec = Recorder(pools)
     req = request("req-0", n=3, temperature=0.8, seed=10, max_tokens=4)

@@ -118,7 +118,7 @@ def test_decode_recomputes_an_expired_handoff_and_counts_it(monkeypatch):
     monkeypatch.setattr(deployment.HANDOFFS_EXPIRED, "labels", lambda **kw: type(
         "C", (), {"inc": lambda self, n=1: counted.append(kw)})())
     worker = _decode_worker()
-    request = EngineRequest("r", (1, 2, 3), SamplingParams(max_tokens=1))
+    request = EngineRequest("r", (1, 2, 3), SamplingParams(max_tokens=1), tier="interactive")
 
     async def run(handoff):
         return [c async for c in worker.generate(request, handoff)]
@@ -151,5 +151,5 @@ def test_prefill_stamps_the_lease_when_the_prefill_returns():
     worker = object.__new__(PrefillWorker.func_or_class)
     worker.engine, worker._signals = Engine(), Signals()
     before = time.time()
-    result = asyncio.run(worker.prefill(EngineRequest("r", (1, 2, 3), SamplingParams(max_tokens=1))))
+    result = asyncio.run(worker.prefill(EngineRequest("r", (1, 2, 3), SamplingParams(max_tokens=1), tier="interactive")))
     assert before + KV_LEASE_S - LEASE_MARGIN_S <= result.lease_deadline <= time.time() + KV_LEASE_S - LEASE_MARGIN_S

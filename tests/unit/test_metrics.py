@@ -100,7 +100,7 @@ def recorded(monkeypatch):
     return fakes
 
 
-def _request(max_tokens: int, tier=None) -> EngineRequest:
+def _request(max_tokens: int, tier="interactive") -> EngineRequest:
     return EngineRequest("r1", (5, 6, 7, 8), SamplingParams(max_tokens=max_tokens), tier=tier)
 
 
@@ -109,7 +109,7 @@ async def _drain(backend, request):
 
 
 def test_measured_backend_records_ttft_itl_e2e_and_tokens(recorded):
-    backend = MeasuredBackend(FakeBackend(), default_tier="interactive")
+    backend = MeasuredBackend(FakeBackend())
     chunks = asyncio.run(_drain(backend, _request(3)))
     assert len(chunks) == 3
     assert len(recorded["TTFT_SECONDS"].values("observe", tier="interactive")) == 1
@@ -121,7 +121,7 @@ def test_measured_backend_records_ttft_itl_e2e_and_tokens(recorded):
 
 
 def test_a_stream_closed_after_its_last_chunk_counts_as_ok(recorded):
-    backend = MeasuredBackend(FakeBackend(), default_tier="interactive")
+    backend = MeasuredBackend(FakeBackend())
 
     async def like_the_edge():  # router/openai/app.py breaks out at the finish reason
         stream = backend.generate(_request(2))
@@ -138,7 +138,7 @@ def test_a_stream_closed_after_its_last_chunk_counts_as_ok(recorded):
 def test_measured_backend_counts_failures_and_cancellations_without_e2e(recorded):
     fake = FakeBackend()
     fake.fail_after = 1
-    backend = MeasuredBackend(fake, default_tier="interactive")
+    backend = MeasuredBackend(fake)
     with pytest.raises(RuntimeError):
         asyncio.run(_drain(backend, _request(3, tier="batch")))
     assert recorded["REQUESTS"].values("inc", tier="batch", outcome="error") == [1]

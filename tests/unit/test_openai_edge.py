@@ -8,6 +8,7 @@ import json
 
 import pytest
 
+from router.openai.context import Caller
 from router.openai.errors import OpenAIError, too_many_requests
 from tests.fakes import FakeBackend
 from tests.unit.openai_helpers import MODEL, TIER, assert_openai_error, make_client, sse_events
@@ -64,7 +65,7 @@ def test_an_engine_error_mid_stream_is_vllms_error_event_then_done() -> None:
 
 
 def test_a_rate_limit_refusal_is_a_429_before_any_engine_work() -> None:
-    async def refuse(headers, tokens):
+    async def refuse(tenant, tokens):
         assert tokens == 8 + 2 * 4  # prompt + max_tokens × n
         raise OpenAIError(429, "Rate limit reached.", "rate_limit_error", None, "rate_limit_exceeded",
                           headers={"Retry-After": "7"})
@@ -91,8 +92,7 @@ def test_not_ready_until_every_pool_answers() -> None:
 
 
 def test_the_tenants_salt_and_tier_reach_the_engine_request() -> None:
-    client, backend = make_client(authenticate=lambda headers: headers.get("x-tier", TIER),
-                                  cache_salt=lambda headers: "tenant-salt")
+    client, backend = make_client(authenticate=lambda headers: Caller(headers.get("x-tier", TIER), "t", "tenant-salt"))
     body = {"model": MODEL, "messages": CHAT, "max_tokens": 1}
     assert client.post("/v1/chat/completions", json=body, headers={"x-tier": "batch"}).status_code == 200
     assert client.post("/v1/chat/completions", json={**body, "cache_salt": "mine"}).status_code == 200
@@ -166,7 +166,7 @@ def test_the_models_generation_config_fills_omitted_sampling_settings(tmp_path) 
     args = vllm_server_args(model_path=model, served_name=MODEL, dtype="float32", max_model_len=256)
     backend = FakeBackend()
     engine_client = PDEngineClient(vllm_config_of(args), backend, TIER)
-    app = asyncio.run(build_openai_app(engine_client, args, authenticate=lambda h: TIER,
+    app = asyncio.run(build_openai_app(engine_client, args, authenticate=lambda h: Caller(TIER),
                                        health_probe=backend.health, health_interval_s=0))
     client = TestClient(app)
     body = {"model": MODEL, "messages": CHAT, "max_tokens": 1}

@@ -1,4 +1,4 @@
-"""Engine levers per pool (cluster/config.py EngineConfig) and their mapping onto vLLM's
+"""Engine levers per pool (cluster/config/ EngineConfig) and their mapping onto vLLM's
 engine arguments (cluster/engine.py): invalid combinations fail at load, naming the field."""
 
 from __future__ import annotations
@@ -72,7 +72,7 @@ def test_prefill_drops_decoding_time_extras_decode_keeps_them() -> None:
 
     sampling = SamplingParams(max_tokens=8, min_tokens=3, logprobs=2, presence_penalty=0.5, stop_token_ids=[7],
                               top_k=4, structured_outputs=StructuredOutputsParams(regex="[0-9]+"))
-    request = EngineRequest("r", (1, 2, 3), sampling)
+    request = EngineRequest("r", (1, 2, 3), sampling, tier="interactive")
     prefill = _sampling_params(request, max_tokens=1, kv_params={"do_remote_decode": True}, prefill=True)
     assert prefill.logprobs is None and prefill.structured_outputs is None and prefill.max_tokens == 1
     assert prefill.min_tokens == 1  # never above the hop's max_tokens

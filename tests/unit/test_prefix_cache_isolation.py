@@ -18,6 +18,7 @@ from router.hashing import DEFAULT_SEED, BlockHasher
 from router.prefix_index import BlockStored, MemoryPrefixIndex
 from router.routing.decider import PDDecider
 from router.routing.directory import PoolDirectory, ReplicaInfo
+from cluster.types import RoutingStats
 from router.routing.service import KVRouter
 from tests.fakes import FakeBackend
 
@@ -70,14 +71,14 @@ def test_each_tenant_gets_its_own_salt_in_the_engine_request(tmp_path):
     })
     auth = ApiKeyAuth.from_config(cfg)
     backend = FakeBackend()
-    client, _ = make_client(backend, authenticate=auth.tier_of, cache_salt=auth.cache_salt_of)
+    client, _ = make_client(backend, authenticate=auth.caller)
     body = {"model": MODEL, "prompt": "the same prompt", "max_tokens": 2}
     for key in ("sk-aaaaaaaaaa", "sk-bbbbbbbbbb", "sk-aaaaaaaaaa"):
         assert client.post("/v1/completions", json=body, headers={"Authorization": f"Bearer {key}"}).status_code == 200
     salts = [r.cache_salt for r in backend.requests]
     assert salts[0] == salts[2] == cache_salt("a") and salts[1] == cache_salt("b") != salts[0]
     assert len(salts[0]) == 32 and salts[0] != "a"  # a digest: the tenant name does not reach the engines
-    # Without the hook (share, or an open API) there is no salt.
+    # An open API (no keys) has no salt.
     open_backend = FakeBackend()
     make_client(open_backend)[0].post("/v1/completions", json=body)
     assert open_backend.requests[0].cache_salt is None
@@ -86,16 +87,16 @@ def test_each_tenant_gets_its_own_salt_in_the_engine_request(tmp_path):
 def test_both_hops_pass_the_salt_to_vllm():
     from cluster.engine import _prompt
 
-    salted = EngineRequest("r", (1, 2), SamplingParams(max_tokens=1), cache_salt="s")
+    salted = EngineRequest("r", (1, 2), SamplingParams(max_tokens=1), cache_salt="s", tier="interactive")
     assert _prompt(salted) == {"prompt_token_ids": [1, 2], "cache_salt": "s"}
-    assert _prompt(EngineRequest("r", (1, 2), SamplingParams(max_tokens=1))) == {"prompt_token_ids": [1, 2]}
+    assert _prompt(EngineRequest("r", (1, 2), SamplingParams(max_tokens=1), tier="interactive")) == {"prompt_token_ids": [1, 2]}
 
 
 def test_the_router_finds_a_tenants_prefix_only_for_that_tenant():
     def directory(pool):
         d = PoolDirectory()
-        d.set_replicas([ReplicaInfo(n, 8, {"worker_id": f"interactive-{pool}-{n}", "block_size": 4,
-                                           "hash_algo": "sha256", "hash_seed": DEFAULT_SEED}) for n in ("x1", "x2")])
+        d.set_replicas([ReplicaInfo(n, 8, RoutingStats.from_dict({"worker_id": f"interactive-{pool}-{n}", "block_size": 4,
+                                           "hash_algo": "sha256", "hash_seed": DEFAULT_SEED})) for n in ("x1", "x2")])
         return d
 
     index = MemoryPrefixIndex()
@@ -108,7 +109,7 @@ def test_the_router_finds_a_tenants_prefix_only_for_that_tenant():
                       rng=random.Random(0))
 
     def route(salt):
-        req = EngineRequest("r", tuple(TOKENS), SamplingParams(max_tokens=1), cache_salt=salt)
+        req = EngineRequest("r", tuple(TOKENS), SamplingParams(max_tokens=1), cache_salt=salt, tier="interactive")
         return asyncio.run(router.route(req, "interactive"))
 
     a = route(salt_a)

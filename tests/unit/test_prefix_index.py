@@ -199,6 +199,7 @@ def test_router_restarts_a_dead_subscriber():
     from cluster.protocol import EngineRequest
     from router.routing.decider import PDDecider
     from router.routing.directory import PoolDirectory, ReplicaInfo
+    from cluster.types import RoutingStats
     from router.routing.service import KVRouter
 
     pub = FakeKVEventPublisher()
@@ -206,11 +207,11 @@ def test_router_restarts_a_dead_subscriber():
     prefill = PoolDirectory()
     router = KVRouter(directories={("interactive", "prefill"): prefill}, index=index, weights={"prefix": 1.0},
                       decider=PDDecider(0), rng=random.Random(0), clock=iter(range(0, 10**6, 10)).__next__)
-    req = EngineRequest("r", tuple(range(8)), SamplingParams(max_tokens=1))
+    req = EngineRequest("r", tuple(range(8)), SamplingParams(max_tokens=1), tier="interactive")
     worker = "interactive-prefill-p1"
     try:
-        prefill.set_replicas([ReplicaInfo("p1", 4, {"worker_id": worker, "block_size": 4,
-                                                    "kv_events": pub.endpoint, "kv_replay": pub.replay_endpoint})])
+        prefill.set_replicas([ReplicaInfo("p1", 4, RoutingStats.from_dict({"worker_id": worker, "block_size": 4,
+                                                    "kv_events": pub.endpoint, "kv_replay": pub.replay_endpoint}))])
         asyncio.run(router.route(req, "interactive"))
         first = router._subscribers[worker]
         wait_for(lambda: (pub.publish([stored(1)]), index.match([1]) == {worker: 1})[1])
@@ -236,6 +237,7 @@ def test_router_follows_workers_that_join_and_forgets_those_that_leave():
     from cluster.protocol import EngineRequest
     from router.routing.decider import PDDecider
     from router.routing.directory import PoolDirectory, ReplicaInfo
+    from cluster.types import RoutingStats
     from router.routing.service import KVRouter
 
     pub = FakeKVEventPublisher()
@@ -243,10 +245,10 @@ def test_router_follows_workers_that_join_and_forgets_those_that_leave():
     prefill = PoolDirectory()
     router = KVRouter(directories={("interactive", "prefill"): prefill}, index=index, weights={"prefix": 1.0},
                       decider=PDDecider(0), rng=random.Random(0), clock=iter(range(0, 10**6, 10)).__next__)
-    req = EngineRequest("r", tuple(range(8)), SamplingParams(max_tokens=1))
+    req = EngineRequest("r", tuple(range(8)), SamplingParams(max_tokens=1), tier="interactive")
     try:
-        prefill.set_replicas([ReplicaInfo("p1", 4, {"worker_id": "interactive-prefill-p1", "block_size": 4,
-                                                    "kv_events": pub.endpoint, "kv_replay": pub.replay_endpoint})])
+        prefill.set_replicas([ReplicaInfo("p1", 4, RoutingStats.from_dict({"worker_id": "interactive-prefill-p1", "block_size": 4,
+                                                    "kv_events": pub.endpoint, "kv_replay": pub.replay_endpoint}))])
         asyncio.run(router.route(req, "interactive"))  # starts following p1's events
         wait_for(lambda: (pub.publish([stored(1)]), index.match([1]) == {"interactive-prefill-p1": 1})[1])
         prefill.set_replicas([])

@@ -11,7 +11,7 @@ from router.routing.decider import PDDecider
 from router.routing.directory import PoolDirectory, ReplicaInfo
 from router.routing.service import KVRouter
 from tests.fakes import FakeServePool
-from cluster.protocol import TierPools
+from cluster.types import TierPools
 
 TIER = "interactive"
 

@@ -114,7 +114,7 @@ def test_edge_answers_429_with_retry_after_per_tenant(tmp_path):
     auth = ApiKeyAuth.from_config(cfg)
     limits = RateLimiter.from_config(cfg, clock)
     backend = FakeBackend()
-    client = make_client(backend, authenticate=auth.tier_of, rate_limit=limits.hook(auth.tenant_of))[0]
+    client = make_client(backend, authenticate=auth.caller, rate_limit=limits.hook())[0]
     body = {"model": MODEL, "prompt": "hello", "max_tokens": 3}  # FakeTokenizer: 5 + 3 = 8 tokens
     a, b = {"Authorization": f"Bearer {KEY_A}"}, {"Authorization": f"Bearer {KEY_B}"}
     assert client.post("/v1/completions", json=body, headers=a).status_code == 200

@@ -105,7 +105,7 @@ def test_config_picks_the_store_and_the_edge_answers_429(redis_server, tmp_path)
     limiter = rate_limiter_from_config(cfg)
     assert isinstance(limiter, SharedRateLimiter) and limiter.active
     auth = ApiKeyAuth.from_config(cfg)
-    app = edge_app(FakeBackend(), authenticate=auth.tier_of, rate_limit=limiter.hook(auth.tenant_of))
+    app = edge_app(FakeBackend(), authenticate=auth.caller, rate_limit=limiter.hook())
     body = {"model": MODEL, "prompt": "hello", "max_tokens": 2}
     headers = {"Authorization": f"Bearer {key}"}
     with TestClient(app, raise_server_exceptions=False) as client:  # one event loop for the Redis client

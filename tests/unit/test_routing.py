@@ -15,6 +15,7 @@ from router.hashing import BlockHasher, external_hash
 from router.prefix_index import BlockStored, IndexUnavailable, MemoryPrefixIndex
 from router.routing.decider import PDDecider
 from router.routing.directory import PoolDirectory, ReplicaInfo
+from cluster.types import RoutingStats
 from router.routing.pipeline import SCORERS, pick
 from router.routing.service import KVRouter
 from router.routing.types import RouteContext, Worker
@@ -103,13 +104,13 @@ def test_decider_skips_prefill_only_for_short_uncached_parts():
 
 def directory(*names: str, block_size: int = 4, pool: str = "prefill") -> PoolDirectory:
     d = PoolDirectory()
-    d.set_replicas([ReplicaInfo(n, 8, {"worker_id": f"interactive-{pool}-{n}", "block_size": block_size,
-                                       "hash_algo": "sha256", "hash_seed": "vllm-none-hash"}) for n in names])
+    d.set_replicas([ReplicaInfo(n, 8, RoutingStats.from_dict({"worker_id": f"interactive-{pool}-{n}", "block_size": block_size,
+                                       "hash_algo": "sha256", "hash_seed": "vllm-none-hash"})) for n in names])
     return d
 
 
 def request(tokens, rid="r1") -> EngineRequest:
-    return EngineRequest(request_id=rid, prompt_token_ids=tuple(tokens), sampling=SamplingParams(max_tokens=4))
+    return EngineRequest(request_id=rid, prompt_token_ids=tuple(tokens), sampling=SamplingParams(max_tokens=4), tier="interactive")
 
 
 def kv_router(index, decider=PDDecider(0), prefill=("p1", "p2"), decode=("d1",)) -> KVRouter:
@@ -169,7 +170,7 @@ def test_router_with_no_known_workers_lets_serve_choose():
 
 def test_replicas_without_routing_stats_yet_are_load_only_candidates():
     d = PoolDirectory()
-    d.set_replicas([ReplicaInfo("new", 8, {})])
+    d.set_replicas([ReplicaInfo("new", 8, RoutingStats.from_dict({}))])
     router = KVRouter(directories={("interactive", "prefill"): d}, index=MemoryPrefixIndex(), weights=WEIGHTS,
                       decider=PDDecider(0), subscribe=False)
     [worker] = router.workers("interactive", "prefill")

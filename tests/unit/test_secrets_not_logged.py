@@ -44,7 +44,7 @@ def test_no_secret_in_logs_responses_or_config(tmp_path, monkeypatch, caplog):
     auth = ApiKeyAuth.from_config(cfg)
     limits = RateLimiter.from_config(cfg)
     backend = FakeBackend()
-    client = make_client(backend, authenticate=auth.tier_of, rate_limit=limits.hook(auth.tenant_of))[0]
+    client = make_client(backend, authenticate=auth.caller, rate_limit=limits.hook())[0]
     body = {"model": MODEL, "prompt": "hello", "max_tokens": 2}
 
     def post(key, **headers):

@@ -1,0 +1,189 @@
+"""The model and the engine pools: what one tier's prefill and decode deployments run, how big, where, how they scale, and the tier's objectives and admission bounds."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal, Optional
+
+from pydantic import Field, model_validator
+
+from cluster.config.base import ByteSize, MiB, _Strict, is_hub_id
+
+
+class ModelConfig(_Strict):
+    path: Path = Field(description="Local checkpoint folder (safetensors + tokenizer), or a Hugging Face Hub id "
+                                   "(org/name) downloaded into HF_HOME at start (HF_HUB_OFFLINE: from the cache only).")
+    name: Optional[str] = Field(None, description="Model id served on /v1/models; the Hub id or the folder name if unset.")
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
+        "auto", description="auto: the checkpoint's dtype on GPUs; on CPUs bfloat16 where the CPU has native bf16 "
+                            "(AVX-512 BF16 or AMX), else float32 (emulated bf16 is slower), decided on each "
+                            "engine's host.")
+    max_model_len: int = Field(2048, ge=16)
+    # vLLM tool parser for `tools` (e.g. hermes, llama3_json, mistral, pythonic); the gateway
+    # checks the name at start. None: requests that may call tools get a 400.
+    tool_parser: Optional[str] = Field(None, pattern=r"^[A-Za-z0-9_.-]+$")
+    # vLLM reasoning parser (e.g. deepseek_r1, qwen3): splits the model's reasoning from its
+    # answer (`reasoning` in responses, streamed), as `vllm serve --reasoning-parser` does.
+    reasoning_parser: Optional[str] = Field(None, pattern=r"^[A-Za-z0-9_.-]+$")
+
+    @property
+    def hub_id(self) -> Optional[str]:
+        """The Hub id when path is one (a relative path of the shape org/name), else None."""
+        text = self.path.as_posix()
+        return text if not self.path.is_absolute() and is_hub_id(text) else None
+
+    @property
+    def served_name(self) -> str:
+        return self.name or self.hub_id or self.path.name
+
+
+class SpeculativeConfig(_Strict):
+    """Speculative decoding of a decode pool. `ngram` (prompt lookup) needs no draft model:
+    it proposes the tokens that followed the last n-gram where it occurred before."""
+
+    method: Literal["ngram"] = "ngram"
+    num_speculative_tokens: int = Field(3, ge=1, le=16)
+    prompt_lookup_min: int = Field(1, ge=1)
+    prompt_lookup_max: int = Field(3, ge=1)
+
+    @model_validator(mode="after")
+    def _check_window(self) -> "SpeculativeConfig":
+        if self.prompt_lookup_min > self.prompt_lookup_max:
+            raise ValueError(f"speculative.prompt_lookup_min ({self.prompt_lookup_min}) must be <= "
+                             f"speculative.prompt_lookup_max ({self.prompt_lookup_max})")
+        return self
+
+
+class EngineConfig(_Strict):
+    """vLLM engine settings of one pool. The KV cache size is always explicit: vLLM on CPU
+    otherwise claims a large share of RAM."""
+
+    kv_cache_bytes: ByteSize = Field(256 * MiB, ge=16 * MiB)
+    kv_cache_dtype: Literal["auto", "fp8", "fp8_e4m3", "fp8_e5m2", "bfloat16"] = "auto"
+    max_num_seqs: int = Field(32, ge=1)
+    max_num_batched_tokens: Optional[int] = Field(None, ge=16)
+    # None: vLLM's default. True lets max_num_batched_tokens be below model.max_model_len.
+    enable_chunked_prefill: Optional[bool] = None
+    enable_prefix_caching: bool = True
+    enforce_eager: bool = True
+    block_size: Optional[int] = Field(None, ge=1)
+    quantization: Optional[str] = Field(None, description="vLLM method (fp8, awq, gptq, ...); None: as the checkpoint says.")
+    tensor_parallel_size: int = Field(1, ge=1)
+    speculative: Optional[SpeculativeConfig] = None
+    # Structured output (response_format, regex, choice, tool_choice=required): vLLM's
+    # backend, and compact JSON without free whitespace (xgrammar/guidance only).
+    structured_outputs_backend: Literal["auto", "xgrammar", "guidance", "outlines"] = "auto"
+    json_disable_whitespace: bool = False
+
+    @model_validator(mode="after")
+    def _check_combinations(self) -> "EngineConfig":
+        if self.json_disable_whitespace and self.structured_outputs_backend not in ("xgrammar", "guidance"):
+            raise ValueError("json_disable_whitespace needs structured_outputs_backend xgrammar or guidance "
+                             f"(got {self.structured_outputs_backend!r})")
+        if self.enable_chunked_prefill is False and self.max_num_batched_tokens is None:
+            raise ValueError("enable_chunked_prefill false needs an explicit max_num_batched_tokens "
+                             "(>= model.max_model_len)")
+        return self
+
+
+class PlacementConfig(_Strict):
+    """Which Ray nodes a pool's replicas may run on (multi-node clusters). A replica is placed
+    only on a node that has all these custom resources free and carries all these labels, so
+    prefill and decode can live on different machines. Empty: anywhere."""
+
+    # Ray custom resources per replica, e.g. {"tandem-prefill": 1}; nodes advertise them with
+    # `ray start --resources '{"tandem-prefill": 8}'` (the Helm chart does this per worker group).
+    resources: dict[str, float] = {}
+    # Ray node labels the replica requires (Ray's label_selector), e.g. {"tandem.io/pool":
+    # "interactive-prefill"}; nodes get them with `ray start --labels k=v`.
+    node_labels: dict[str, str] = {}
+
+
+class AutoscalingConfig(_Strict):
+    """Autoscaling of one pool (cluster/autoscaling/). Prefill scales on queued prompt tokens
+    and TTFT against the tier's SLO; decode on running sequences, KV cache usage and
+    inter-token latency against the SLO. With it, the pool's `replicas` is the initial count."""
+
+    min_replicas: int = Field(1, ge=1, description="At least 1: /health needs every pool, and a vLLM cold start takes tens of seconds.")
+    max_replicas: int = Field(2, ge=1)
+    # Pressure must last this long before a scale-up; idleness this long before a scale-down.
+    upscale_delay_s: float = Field(10.0, ge=0)
+    downscale_delay_s: float = Field(120.0, ge=0)
+    # After any change, hold: a new engine needs time to start and the signals to settle.
+    cooldown_s: float = Field(30.0, ge=0)
+    # Hysteresis: scale down only when the load would fill less than this share of one
+    # replica fewer (scale-up happens above 1.0), so steady load never flips back and forth.
+    scale_down_below: float = Field(0.5, gt=0, lt=1)
+    # Per-replica targets. Prefill reads the first; decode the other two.
+    target_queued_prompt_tokens: int = Field(4096, ge=1)
+    target_running_seqs: Optional[int] = Field(None, ge=1, description="Default: 3/4 of engine.max_num_seqs.")
+    target_kv_usage: float = Field(0.8, gt=0, le=1)
+    # Ray Serve's metric window and push period (seconds).
+    look_back_s: float = Field(10.0, gt=0)
+    metrics_interval_s: float = Field(2.0, gt=0)
+    # Append each tick's observation and decision here as JSON lines (tuning, replay tests).
+    decision_log: Optional[Path] = None
+
+    @model_validator(mode="after")
+    def _check_bounds(self) -> "AutoscalingConfig":
+        if self.max_replicas < self.min_replicas:
+            raise ValueError(f"max_replicas ({self.max_replicas}) must be >= min_replicas ({self.min_replicas})")
+        return self
+
+
+class PoolConfig(_Strict):
+    replicas: int = Field(1, ge=0)
+    num_cpus: float = Field(1.0, ge=0)
+    num_gpus: float = Field(0.0, ge=0)
+    # CPU cores for the engine's OpenMP threads, one entry per replica slot (vLLM's
+    # VLLM_CPU_OMP_THREADS_BIND syntax, e.g. "0" or "2-3"). Engines sharing cores run 3-4x
+    # slower, so each replica gets its own. Ignored on GPU.
+    cpu_binding: tuple[str, ...] = ()
+    engine: EngineConfig = EngineConfig()
+    autoscaling: Optional[AutoscalingConfig] = None  # None: a fixed `replicas`
+    placement: PlacementConfig = PlacementConfig()
+
+
+class SLOConfig(_Strict):
+    """Latency objectives of a tier; the autoscaling policies scale against them."""
+
+    ttft_s: float = Field(1.0, gt=0, description="Time to first token.")
+    itl_s: float = Field(0.1, gt=0, description="Inter-token latency.")
+
+
+class AdmissionConfig(_Strict):
+    """Admission control of a tier at the gateway (router/admission.py). Each tier has its own
+    bounds, so batch load never takes interactive's places."""
+
+    max_running: int = Field(64, ge=1, description="Requests of this tier in the pools at once.")
+    max_queued: int = Field(256, ge=0, description="Requests waiting for a running place; beyond: 429.")
+    queue_timeout_s: float = Field(30.0, gt=0, description="Longest wait in the queue; then 429.")
+    retry_after_s: int = Field(1, ge=0, description="Retry-After sent with a 429.")
+    max_queue_wait_s: Optional[float] = Field(
+        None, gt=0, description="Refuse on arrival when the expected wait for a place (place in line / recent rate "
+                                "of freed places) exceeds this; set it under the tier's TTFT objective so admitted "
+                                "requests meet it under overload. None: only max_queued bounds the line.")
+    target_ttft_s: Optional[float] = Field(
+        None, gt=0, description="Adapt the running places between min_running and max_running (AIMD) so admitted "
+                                "requests reach their first token within this, counted from taking their place; "
+                                "set it to the tier's TTFT objective minus max_queue_wait_s. None: max_running "
+                                "places, fixed.")
+    min_running: int = Field(1, ge=1, description="The fewest running places target_ttft_s may leave.")
+
+    @model_validator(mode="after")
+    def _min_within_max(self) -> "AdmissionConfig":
+        if self.min_running > self.max_running:
+            raise ValueError(f"min_running ({self.min_running}) must not exceed max_running ({self.max_running})")
+        return self
+
+
+class TierConfig(_Strict):
+    """A service tier (e.g. interactive, batch): its own prefill and decode pools."""
+
+    prefill: PoolConfig = PoolConfig(cpu_binding=("0",))
+    decode: PoolConfig = PoolConfig(cpu_binding=("1",))
+    slo: SLOConfig = SLOConfig()
+    admission: AdmissionConfig = AdmissionConfig()
+
+    def pools(self) -> dict[str, PoolConfig]:
+        return {"prefill": self.prefill, "decode": self.decode}

@@ -1,0 +1,43 @@
+"""The P/D path's metrics (router/disagg.py, router/samples.py), Ray metrics of the gateway
+process; created at 0 per tier by router/request_metrics.py declare_series."""
+
+from __future__ import annotations
+
+from cluster.metrics import Counter, Histogram
+
+ROUTES = Counter(
+    "tandem_route",
+    "Requests by serving path (disaggregated, decode_only, fallback_recompute with why, router_error).",
+    ["tier", "path", "reason"],
+)
+DECODE_RETRIES = Counter("tandem_decode_retries", "Decode hops retried before the first token.", ["tier"])
+PREFILL_HOP_SECONDS = Histogram(
+    "tandem_prefill_hop_seconds",
+    "The prefill hop: gateway to prefill replica, which computes the prompt's KV, and the handoff back (successful hops).",
+    ["tier"],
+)
+DECODE_FIRST_TOKEN_SECONDS = Histogram(
+    "tandem_decode_first_token_seconds",
+    "The decode hop until its first token: the KV pull over NIXL (path disaggregated) or the prompt's "
+    "computation on decode (decode_only, fallback_recompute), plus one decode step.",
+    ["tier", "path"],
+)
+
+DECODE_REFUSED = Counter(
+    "tandem_decode_refused",
+    "Decode hops refused with a 429: no first token within the deadline, or Serve's queue full.",
+    ["tier", "reason"],
+)
+
+HEALTH_PROBES = Counter(
+    "tandem_health_probes",
+    "Readiness probes of every pool (each asks every engine for its stats); /health answers from a cache "
+    "refreshed at most once per gateway.health_interval_s.",
+)
+
+FIRST_TOKEN = Counter(
+    "tandem_first_token",
+    "Disaggregated requests by where their first token was sampled: path prefill (reused, "
+    "kv_transfer/first_token.py) or decode, with the reason the prefill's token could not be used.",
+    ["tier", "path", "reason"],
+)

@@ -1,0 +1,113 @@
+"""No import circle among the project's modules (issue 17: cluster/app.py → router/gateway.py →
+router/routing/build.py → cluster/app.py was one, held together by an import inside a function).
+
+The graph is read from the source with ast, so nothing is imported: every `import` counts,
+also those inside functions (an import moved into a function hides a circle, it does not
+break it); only imports under `if TYPE_CHECKING:` do not (they never run). A package's
+implicit import of its parents is not an edge: a facade `__init__` re-exporting its modules
+(cluster/config/) is how Python packages work."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+from tests.conftest import REPO
+
+PACKAGES = ("cluster", "router", "prefill_workers", "decode_workers", "kv_transfer", "loadtest", "deploy")
+
+
+def _modules() -> dict[str, Path]:
+    found = {}
+    for package in PACKAGES:
+        for path in (REPO / package).rglob("*.py"):
+            parts = path.relative_to(REPO).with_suffix("").parts
+            if parts[-1] == "__init__":
+                parts = parts[:-1]
+            found[".".join(parts)] = path
+    return found
+
+
+def _is_type_checking(node: ast.If) -> bool:
+    test = node.test
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+
+
+def _imports(tree: ast.AST, module: str, is_package: bool) -> set[str]:
+    """Names of the modules `module` imports, as written (resolved against `modules` later)."""
+    names: set[str] = set()
+
+    def visit(node: ast.AST) -> None:
+        if isinstance(node, ast.If) and _is_type_checking(node):
+            for child in node.orelse:
+                visit(child)
+            return
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = module.split(".") if is_package else module.split(".")[:-1]
+                anchor = anchor[: len(anchor) - (node.level - 1)]
+                base = ".".join([*anchor, base] if base else anchor)
+            names.add(base)
+            names.update(f"{base}.{alias.name}" for alias in node.names)
+        for child in ast.iter_child_nodes(node):
+            visit(child)
+
+    visit(tree)
+    return names
+
+
+def import_graph() -> dict[str, set[str]]:
+    modules = _modules()
+    graph: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        written = _imports(ast.parse(path.read_text(), str(path)), name, path.name == "__init__.py")
+        graph[name] = {w for w in written if w in modules and w != name}
+    return graph
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One cycle as [a, b, ..., a], or None (iterative DFS, white/grey/black)."""
+    state: dict[str, int] = {}
+    for root in sorted(graph):
+        if state.get(root):
+            continue
+        stack = [(root, iter(sorted(graph[root])))]
+        path = [root]
+        state[root] = 1
+        while stack:
+            node, children = stack[-1]
+            child = next(children, None)
+            if child is None:
+                state[node] = 2
+                stack.pop()
+                path.pop()
+            elif state.get(child) == 1:
+                return path[path.index(child):] + [child]
+            elif not state.get(child):
+                state[child] = 1
+                stack.append((child, iter(sorted(graph[child]))))
+                path.append(child)
+    return None
+
+
+def test_the_graph_sees_the_project():
+    graph = import_graph()
+    assert "router.routing.build" in graph["router.gateway"]
+    assert "cluster.types" in graph["router.routing.build"]
+    assert "router.gateway" in graph["cluster.app"]  # an import inside build_app counts
+
+
+def test_find_cycle_finds_one_through_a_function_level_import():
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert find_cycle({"a": {"b"}, "b": set(), "c": {"a", "b"}}) is None
+    tree = ast.parse("def f():\n    from x import y\nif TYPE_CHECKING:\n    import z\n")
+    assert _imports(tree, "m", False) == {"x", "x.y"}
+
+
+def test_no_import_circle_among_the_projects_modules():
+    cycle = find_cycle(import_graph())
+    assert cycle is None, "import circle: " + " → ".join(cycle or [])

@@ -1,11 +1,11 @@
-"""The pure parts of the goodput benchmark (cluster/bench/workload.py): the seeded Poisson
+"""The pure parts of the goodput benchmark (loadtest/bench/workload.py): the seeded Poisson
 schedule and goodput from per-request records. No Ray, no vLLM."""
 
 import statistics
 
 import pytest
 
-from cluster.bench.workload import SLO, Mix, RequestKind, RequestRecord, percentiles, poisson_schedule, summarize
+from loadtest.bench.workload import SLO, Mix, RequestKind, RequestRecord, percentiles, poisson_schedule, summarize
 
 MIX = Mix(RequestKind("prefill-heavy", 40, 2), RequestKind("decode-heavy", 4, 30), prefill_share=0.7)
 

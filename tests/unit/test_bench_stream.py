@@ -5,11 +5,11 @@ import json
 
 import pytest
 
-from cluster.bench import procs
-from cluster.bench.procs import ProcRecord
-from cluster.bench.stats import rank, tail_summary
-from cluster.bench.stream import parse_batches
-from cluster.bench.stream_report import StreamRecord, SystemCell, parse_sse, summarize, targets
+from loadtest.bench import procs
+from loadtest.bench.procs import ProcRecord
+from loadtest.bench.stats import rank, tail_summary
+from loadtest.bench.stream import parse_batches
+from loadtest.bench.stream_report import StreamRecord, SystemCell, parse_sse, summarize, targets
 
 
 def sse(obj) -> str:

@@ -1,4 +1,4 @@
-"""The pure half of the stream benchmark (cluster/bench/stream.py): what the client saw of
+"""The pure half of the stream benchmark (loadtest/bench/stream.py): what the client saw of
 each stream, a system's summary per cell, the issue-14 targets met or missed, the tables and
 the plot. No Ray, no vLLM, no network: unit-tested alone and used by --replot."""
 
@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Optional
 
-from cluster.bench.stats import tail_summary
+from loadtest.bench.stats import tail_summary
 
 SYSTEMS = ("tandem", "direct")
 

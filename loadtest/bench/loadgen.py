@@ -11,7 +11,7 @@ from typing import Callable
 
 import httpx
 
-from cluster.bench.workload import RequestRecord, ScheduledRequest
+from loadtest.bench.workload import RequestRecord, ScheduledRequest
 
 
 async def stream_one(client: httpx.AsyncClient, url: str, model: str, req: ScheduledRequest) -> RequestRecord:

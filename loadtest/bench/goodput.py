@@ -1,14 +1,14 @@
 """Goodput of tandem disaggregated vs colocated vLLM, side by side in one run, on the same
 machine and the same cores. Writes JSON and a PNG plot.
 
-    flock /tmp/tandem-cluster.lock .venv/bin/python -m cluster.bench.goodput [--model PATH] [--rates 0.5,1,1.5,2]
+    flock /tmp/tandem-cluster.lock .venv/bin/python -m loadtest.bench.goodput [--model PATH] [--rates 0.5,1,1.5,2]
 
 Systems, each started afresh and given the same two cores (or, with a GPU, two GPUs):
   tandem      1 prefill + 1 decode engine, one core each, through tandem's gateway
   colocated   two plain vLLM api_servers, one core each; the client round-robins requests
   single      one plain vLLM api_server on both cores
 Every engine gets the same model, dtype, max_num_seqs, max_num_batched_tokens and KV cache
-per core. Workload (cluster/bench/workload.py): a seeded Poisson mix of prefill-heavy and
+per core. Workload (loadtest/bench/workload.py): a seeded Poisson mix of prefill-heavy and
 decode-heavy streaming /v1/completions requests, open loop, the same trace per rate for every
 system. Goodput counts requests that meet the SLO (TTFT and mean inter-token latency); a
 second figure also bounds every gap between streamed tokens (no stall).
@@ -27,9 +27,9 @@ from pathlib import Path
 
 import psutil
 
-from cluster.bench.engines import DirectEngines, DirectEngineSpec
-from cluster.bench.loadgen import replay
-from cluster.bench.workload import SLO, Mix, RequestKind, ScheduledRequest, poisson_schedule, summarize
+from loadtest.bench.engines import DirectEngines, DirectEngineSpec
+from loadtest.bench.loadgen import replay
+from loadtest.bench.workload import SLO, Mix, RequestKind, ScheduledRequest, poisson_schedule, summarize
 from cluster.config import ClusterConfig
 from cluster.hardware import cpu_flags, engine_dtype
 
@@ -261,7 +261,7 @@ def main(argv=None) -> int:
     strict = SLO(args.ttft_slo, args.itl_slo, args.max_gap_slo)
     result = {
         "benchmark": "goodput",
-        "command": " ".join(["python -m cluster.bench.goodput", *(argv if argv is not None else sys.argv[1:])]),
+        "command": " ".join(["python -m loadtest.bench.goodput", *(argv if argv is not None else sys.argv[1:])]),
         "machine": {"cpus": os.cpu_count(), "processor": platform.processor() or platform.machine(),
                     "memory_gib": round(psutil.virtual_memory().total / (1 << 30), 1), "gpu": gpu},
         "model": args.model.name, "dtype": args.dtype,

@@ -2,11 +2,11 @@
 run`'s cluster, the default config) against one direct vLLM api_server on the same model,
 dtype and core, interleaved batch by batch. Writes JSON and a PNG plot (issue 14).
 
-    flock /tmp/tandem-cluster.lock .venv/bin/python -m cluster.bench.stream [--config FILE] [--batches 1:6,4:3]
-    .venv/bin/python -m cluster.bench.stream --replot runs/bench/stream.json
+    flock /tmp/tandem-cluster.lock .venv/bin/python -m loadtest.bench.stream [--config FILE] [--batches 1:6,4:3]
+    .venv/bin/python -m loadtest.bench.stream --replot runs/bench/stream.json
 
 tandem is started as `tandem run --config FILE` (a child process, as a user starts it; its
-"ready in N s" line is the readiness figure); the direct server as in cluster/bench/engines.py,
+"ready in N s" line is the readiness figure); the direct server as in loadtest/bench/engines.py,
 bound to the core of the default tier's prefill engine, with its KV cache and max_num_seqs,
 and the dtype tandem picks on this host. Cells: a ~60-token and a ~1,000-token chat prompt
 (random words, distinct per request, so nothing is served from a prefix cache) at
@@ -17,7 +17,7 @@ alternate tandem, direct, direct, tandem, ..., so only one system is under load 
 Per system and cell: TTFT (sent → first token), token gaps (between successive tokens of one
 stream, client-side arrival times; tokens of one SSE chunk arrive together), ITL (a stream's
 mean gap), GET /v1/models latency from a poller running while the batch streams, and CPU
-seconds per streamed token by process kind (cluster/bench/procs.py; psutil, before and after
+seconds per streamed token by process kind (loadtest/bench/procs.py; psutil, before and after
 each batch). Also: each system's first request after start, and both idle.
 """
 
@@ -38,10 +38,10 @@ from pathlib import Path
 import httpx
 import psutil
 
-from cluster.bench import procs
-from cluster.bench.engines import ROOT, DirectEngines, DirectEngineSpec, TandemRun
-from cluster.bench.stats import tail_summary
-from cluster.bench.stream_report import (SYSTEMS, StreamRecord, SystemCell, cpu_table, figures_table, parse_sse,
+from loadtest.bench import procs
+from loadtest.bench.engines import ROOT, DirectEngines, DirectEngineSpec, TandemRun
+from loadtest.bench.stats import tail_summary
+from loadtest.bench.stream_report import (SYSTEMS, StreamRecord, SystemCell, cpu_table, figures_table, parse_sse,
                                          plot, summarize, targets, targets_table)
 
 DEFAULT_CONFIG = ROOT / "cluster" / "configs" / "local.yaml"
@@ -306,7 +306,7 @@ def bench(args) -> dict:
                             max_model_len=cfg.model.max_model_len, kv_cache_bytes=tier.prefill.engine.kv_cache_bytes,
                             port=DIRECT_PORT, on_gpu=gpu, devices=cores, max_num_seqs=tier.prefill.engine.max_num_seqs,
                             max_num_batched_tokens=tier.prefill.engine.max_num_batched_tokens)
-    result = {"benchmark": "stream", "command": " ".join(["python -m cluster.bench.stream", *sys.argv[1:]]),
+    result = {"benchmark": "stream", "command": " ".join(["python -m loadtest.bench.stream", *sys.argv[1:]]),
               "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "machine": machine_facts(),
               "model": cfg.model.served_name, "model_path": str(cfg.model.path), "dtype": dtype,
               "config": str(args.config), "direct_cores": cores,

@@ -1,6 +1,6 @@
 """Router micro-benchmark (not a test): decision latency and KV-event ingest rate.
 
-    .venv/bin/python -m router.routing.bench [--blocks 1000000] [--workers 64] [--out FILE]
+    .venv/bin/python -m loadtest.bench.router_micro [--blocks 1000000] [--workers 64] [--out FILE]
 
 Fills an in-process PrefixIndex with `--blocks` block hashes spread over `--workers` prefill
 workers (chains of 16 blocks, as prompts produce), then measures:

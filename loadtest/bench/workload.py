@@ -97,7 +97,7 @@ def poisson_schedule(mix: Mix, rate: float, duration_s: float, seed: int,
 
 
 def percentiles(values: list[float], scale: float = 1000.0, digits: int = 1) -> dict:
-    """p50 (median), p90 and p99 (nearest lower rank, as cluster/bench/stats.py) in ms."""
+    """p50 (median), p90 and p99 (nearest lower rank, as loadtest/bench/stats.py) in ms."""
     ordered = sorted(values)
     if not ordered:
         return {"n": 0}

@@ -36,9 +36,10 @@ from pathlib import Path
 import httpx
 import psutil
 
-from loadtest.bench.stats import latency_summary
 from cluster.config import ClusterConfig
 from cluster.local import LocalCluster
+from loadtest.measure.percentiles import latency_summary
+from loadtest.measure.sse import stream_async
 
 ROOT = Path(__file__).resolve().parents[2]
 MODEL_DIR = ROOT / ".tandem" / "models" / "SmolLM2-135M-Instruct"
@@ -135,17 +136,10 @@ def prefill_counters() -> dict[str, tuple[float, float]]:
 async def send(client: httpx.AsyncClient, url: str, model: str, prompt, max_tokens: int) -> float:
     """TTFT in ms: request sent → first streamed chunk carrying a token."""
     body = {"model": model, "prompt": list(prompt), "max_tokens": max_tokens, "temperature": 0, "stream": True}
-    t0 = time.perf_counter()
-    first = None
-    async with client.stream("POST", f"{url}/v1/completions", json=body) as resp:
-        if resp.status_code != 200:
-            raise RuntimeError(f"HTTP {resp.status_code}: {(await resp.aread())[:300]!r}")
-        async for line in resp.aiter_lines():
-            if first is None and line.startswith("data: {") and '"choices"' in line:
-                first = time.perf_counter() - t0
-    if first is None:
-        raise RuntimeError("stream ended without a token")
-    return first * 1000
+    record, _ = await stream_async(client, f"{url}/v1/completions", body)
+    if not record.ok:
+        raise RuntimeError(record.error)
+    return record.ttft_ms
 
 
 async def replay(url: str, model: str, trace: list[Request], max_tokens: int) -> tuple[list[float], list[str]]:

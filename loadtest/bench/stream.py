@@ -40,9 +40,10 @@ import psutil
 
 from loadtest.bench import procs
 from loadtest.bench.engines import ROOT, DirectEngines, DirectEngineSpec, TandemRun
-from loadtest.bench.stats import tail_summary
-from loadtest.bench.stream_report import (SYSTEMS, StreamRecord, SystemCell, cpu_table, figures_table, parse_sse,
-                                         plot, summarize, targets, targets_table)
+from loadtest.bench.stream_report import SYSTEMS, SystemCell, cpu_table, figures_table, plot, summarize, targets, targets_table
+from loadtest.measure.percentiles import latency_summary
+from loadtest.measure.record import RequestRecord
+from loadtest.measure.sse import stream_async
 
 DEFAULT_CONFIG = ROOT / "cluster" / "configs" / "local.yaml"
 DIRECT_PORT = 8100
@@ -91,22 +92,11 @@ def make_prompts(tokenizer_path: Path, targets_tokens: dict[str, int], n: int, s
 # ---------------------------------------------------------------- measurement
 
 async def stream_chat(client: httpx.AsyncClient, url: str, model: str, messages: list[dict],
-                      max_tokens: int) -> StreamRecord:
+                      max_tokens: int) -> RequestRecord:
     body = {"model": model, "messages": messages, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True,
             "stream": True, "stream_options": {"include_usage": True}, "return_token_ids": True}
-    events: list[tuple[float, str]] = []
-    t0 = time.perf_counter()
-    try:
-        async with client.stream("POST", f"{url}/v1/chat/completions", json=body) as resp:
-            if resp.status_code != 200:
-                text = (await resp.aread())[:200].decode(errors="replace")
-                return StreamRecord((), error=f"HTTP {resp.status_code}: {text}")
-            async for line in resp.aiter_lines():
-                if line:
-                    events.append((time.perf_counter() - t0, line))
-    except httpx.HTTPError as exc:
-        return StreamRecord((), error=f"{type(exc).__name__}: {exc}")
-    return parse_sse(events)
+    record, _ = await stream_async(client, f"{url}/v1/chat/completions", body)
+    return record
 
 
 async def poll_models(client: httpx.AsyncClient, url: str, stop: asyncio.Event, interval_s: float,
@@ -199,7 +189,7 @@ class Bench:
             await asyncio.sleep(self.args.poll_interval_ms / 1000)
         wall = time.perf_counter() - t0
         _, deltas, _ = self.cpu_since(before)
-        return {name: {"models_latency": tail_summary(lat[name]),
+        return {name: {"models_latency": latency_summary(lat[name]),
                        "cpu_cores_busy": round(sum(deltas[name].values()) / wall, 3),
                        "cpu_cores_busy_by_process": {k: round(v / wall, 3) for k, v in sorted(
                            procs.by_process(deltas[name]).items(), key=lambda kv: -kv[1]) if v / wall >= 0.005}}
@@ -219,10 +209,9 @@ class Bench:
                     rec = await stream_chat(client, url, self.model, conv, args.max_tokens)
                     if rec.error:
                         raise RuntimeError(f"{name}: warm-up request failed: {rec.error}")
-                    ttfts.append(round(rec.ttft_s * 1000, 1))
+                    ttfts.append(round(rec.ttft_ms, 1))
                     if i == 0:
-                        out["first_request"][name] = {"ttft_ms": ttfts[0],
-                                                      "token_gap_max_ms": round(max(rec.gaps_s, default=0) * 1000, 1)}
+                        out["first_request"][name] = {"ttft_ms": ttfts[0], "token_gap_max_ms": round(rec.max_gap_ms, 1)}
                 out["warmup_ttft_ms"][name] = ttfts
                 log(f"[stream] {name} warm: first request TTFT {ttfts[0]} ms, then {ttfts[1:]} ms")
             out["idle"] = await self.idle(poller, args.idle_s)
@@ -237,8 +226,8 @@ class Bench:
                     for system in order:
                         convs = [prompts[spec["prompt"]].pop() for _ in range(conc)]
                         recs, models = await self.batch(client, poller, system, convs, cell)
-                        gaps = [g * 1000 for r in recs for g in r.gaps_s]
-                        ttft = [f"{r.ttft_s * 1000:.0f}" for r in recs if r.ttft_s is not None]
+                        gaps = [g for r in recs for g in r.token_gaps_ms]
+                        ttft = [f"{r.ttft_ms:.0f}" for r in recs if r.ttft_ms is not None]
                         errs = [r.error for r in recs if r.error]
                         log(f"[stream] {key} batch {b + 1}/{batches} {system:6s}: TTFT {','.join(ttft)} ms, "
                             f"gap max {max(gaps, default=0):.0f} ms, /v1/models max "

@@ -30,8 +30,8 @@ import psutil
 
 from loadtest.bench.engines import DirectEngines, DirectEngineSpec
 from loadtest.bench.loadgen import stream_one
-from loadtest.bench.stats import latency_summary
 from loadtest.bench.workload import ScheduledRequest
+from loadtest.measure.percentiles import latency_summary
 from cluster.config import ClusterConfig
 from cluster.hardware import cpu_flags, engine_dtype
 
@@ -56,15 +56,16 @@ def measure(url: str, model: str, name: str, batch: list[tuple[int, ...]], max_t
                 if rec.error:
                     raise RuntimeError(f"{name} request {i} failed: {rec.error}")
                 print(f"  {name} {'warmup' if i < warmup else 'request'} {i + 1}/{len(batch)}: "
-                      f"TTFT {rec.ttft_s * 1000:.1f} ms, ITL {rec.mean_itl_s * 1000:.1f} ms", flush=True)
+                      f"TTFT {rec.ttft_ms:.1f} ms, ITL {rec.mean_itl_ms:.1f} ms", flush=True)
                 if i >= warmup:
                     out.append(rec)
         return out
 
     records = asyncio.run(run())
-    ttft = [r.ttft_s * 1000 for r in records]
-    itl = [r.mean_itl_s * 1000 for r in records]
-    return {"ttft": latency_summary(ttft), "itl": latency_summary(itl), "ttft_ms": [round(v, 2) for v in ttft]}
+    ttft = [r.ttft_ms for r in records]
+    itl = [r.mean_itl_ms for r in records]
+    return {"ttft": latency_summary(ttft, digits=2), "itl": latency_summary(itl, digits=2),
+            "ttft_ms": [round(v, 2) for v in ttft]}
 
 
 def tree_pss_mib(root: psutil.Process) -> float:

@@ -88,7 +88,6 @@ class StreamReader:
         self.usage: dict = {}
         self.done = False  # [DONE] came
         self.error = ""  # from an error event (or a malformed one)
-        self.events = 0  # data events read
 
     @property
     def over(self) -> bool:
@@ -112,12 +111,10 @@ class StreamReader:
         if data == DONE:
             self.done = True
             return False
-        self.events += 1
         try:
             chunk = json.loads(data)
         except ValueError:
-            self.error = f"malformed event: {data[:200]}"
-            return False
+            chunk = None
         if not isinstance(chunk, dict):
             self.error = f"malformed event: {data[:200]}"
             return False
@@ -148,10 +145,10 @@ class StreamReader:
         event, no token, no [DONE], or another count of output tokens than `expect_tokens`.
         `labels`: RequestRecord's index, start_s, workload, tier (or prompt_tokens: what was
         sent, instead of the server's count)."""
-        fields: dict[str, Any] = {"prompt_tokens": self.usage.get("prompt_tokens"), **labels}
+        labels.setdefault("prompt_tokens", self.usage.get("prompt_tokens"))
         rec = RequestRecord(ttft_ms=self.ttft_ms, token_gaps_ms=tuple(self.gaps_ms),
                             e2e_ms=(now - self.t_send) * 1000.0, usage_tokens=self.usage.get("completion_tokens"),
-                            status=status, **fields)
+                            status=status, **labels)
         error = error or self.error
         if not error and self.ttft_ms is None:
             error = "stream ended without a token"

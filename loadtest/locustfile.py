@@ -18,7 +18,7 @@ from locust import events
 
 from loadtest.report import write_report
 from loadtest.run import RunState
-from loadtest.slo import passed
+from loadtest.measure.slo import passed
 from loadtest.users import TandemUser  # noqa: F401  (Locust runs the User classes it finds here)
 
 REPO = Path(__file__).resolve().parent.parent

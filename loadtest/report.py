@@ -14,8 +14,9 @@ import html
 from pathlib import Path
 from typing import Sequence
 
-from loadtest.slo import SLO, Verdict, passed
-from loadtest.stats import METRICS, Samples, summarize
+from loadtest.measure.percentiles import REPORT_PERCENTILES, summarize
+from loadtest.measure.record import METRICS, Samples
+from loadtest.measure.slo import SLO, Verdict, passed
 
 _LABELS = {"ttft_ms": "TTFT (ms)", "itl_ms": "ITL (ms)", "e2e_ms": "E2E (ms)", "tokens_per_s": "tokens/s per stream"}
 
@@ -35,10 +36,10 @@ def summary_rows(samples: Samples) -> list[list[str]]:
     rows = []
     for workload in [None, *samples.workloads()]:
         for metric in METRICS:
-            s = summarize(samples.values(metric, workload), metric)
+            s = summarize(samples.values(metric, workload))
             p = s.percentiles
             rows.append([workload or "all", metric, str(s.count), _fmt(s.mean),
-                         *(_fmt(p.get(q)) for q in (50.0, 90.0, 95.0, 99.0))])
+                         *(_fmt(p.get(q)) for q in REPORT_PERCENTILES)])
     return rows
 
 
@@ -67,7 +68,7 @@ def write_plot(path: Path, samples: Samples, slo: SLO) -> None:
         if pts:
             ax.scatter([p[0] for p in pts], [p[1] for p in pts], s=4 if metric == "itl_ms" else 10, alpha=0.5,
                        label=metric.split("_")[0].upper())
-            s = summarize([p[1] for p in pts], metric, (50.0, 95.0, 99.0))
+            s = summarize([p[1] for p in pts], (50.0, 95.0, 99.0))
             for q, style in zip((50.0, 95.0, 99.0), (":", "--", "-.")):
                 ax.axhline(s.percentiles[q], color="tab:gray", linestyle=style, label=f"p{q:g} {s.percentiles[q]:.0f} ms")
         top = max((p[1] for p in pts), default=1.0) * 1.5

@@ -16,9 +16,10 @@ from typing import Any, Optional
 
 import requests
 
-from loadtest.slo import Verdict, evaluate
+from loadtest.measure.percentiles import percentile
+from loadtest.measure.record import RequestRecord, Samples
+from loadtest.measure.slo import Verdict, evaluate
 from loadtest.spec import LoadSpec, TokenizerVocab
-from loadtest.stats import RequestRecord, Samples, percentile
 from loadtest.workloads import Mix, Trace, Vocab
 
 

@@ -35,6 +35,8 @@ from typing import Optional
 import httpx
 import psutil
 
+from loadtest.measure.sse import stream_async
+
 WORDS = ("the cluster serves requests with prefill and decode engines that share key value caches over "
          "a fast transfer path while a router keeps related prompts together and admission control "
          "protects latency for interactive users during bursts of traffic").split()
@@ -95,31 +97,14 @@ async def client(http: httpx.AsyncClient, host: str, model: str, rng: random.Ran
         max_tokens = rng.randrange(16, 97)
         body = {"model": model, "messages": [{"role": "user", "content": words}], "max_tokens": max_tokens,
                 "ignore_eos": True, "temperature": 0.7, "stream": True}
-        finished, done, tokens = False, False, 0
-        try:
-            async with http.stream("POST", f"{host}/v1/chat/completions", json=body) as resp:
-                if resp.status_code != 200:
-                    counts.fail(f"HTTP {resp.status_code}: {(await resp.aread())[:200]!r}")
-                    continue
-                async for line in resp.aiter_lines():
-                    if line == "data: [DONE]":
-                        done = True
-                    elif line.startswith("data: {"):
-                        event = json.loads(line[6:])
-                        if "error" in event:
-                            counts.fail(f"error event: {event['error']}")
-                            break
-                        for choice in event.get("choices", []):
-                            tokens += bool(choice.get("delta", {}).get("content"))
-                            finished = finished or choice.get("finish_reason") is not None
-        except httpx.HTTPError as exc:
-            counts.fail(f"{type(exc).__name__}: {exc}")
-            continue
-        if done and finished:
-            counts.ok += 1
-            counts.output_tokens += tokens
+        record, reader = await stream_async(http, f"{host}/v1/chat/completions", body)
+        if not record.ok:
+            counts.fail(record.error)
+        elif not reader.finished:
+            counts.fail("stream ended without a finish reason")
         else:
-            counts.fail(f"stream ended without finish reason or [DONE] (done={done}, finished={finished})")
+            counts.ok += 1
+            counts.output_tokens += record.tokens
 
 
 async def sampler(root_pid: Optional[int], every_s: float, stop_at: float, samples: list[dict],

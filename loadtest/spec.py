@@ -8,7 +8,7 @@
     workload: {seed: 7, chat: {weight: 3, prompt_tokens: 64, output_tokens: 32}, ...}
     slo: {ttft_ms: {p95: 800}, itl_ms: {p95: 60}, tokens_per_s: {p50: 20}, max_error_rate: 0.01}
 
-See loadtest/workloads.py for the workload keys and loadtest/slo.py for the SLO keys.
+See loadtest/workloads.py for the workload keys and loadtest/measure/slo.py for the SLO keys.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from typing import Sequence
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from loadtest.slo import SLO
+from loadtest.measure.slo import SLO
 from loadtest.workloads import WorkloadSpec
 
 

@@ -20,7 +20,7 @@ from locust.exception import StopUser
 
 from loadtest.meter import StreamMeter
 from loadtest.run import RunState
-from loadtest.stats import RequestRecord
+from loadtest.measure.record import RequestRecord
 from loadtest.workloads import Mix, Request
 
 
@@ -79,7 +79,7 @@ class TandemUser(HttpUser):
             if resp.status_code != 200:
                 error = f"HTTP {resp.status_code}: {resp.text[:300]}"
                 resp.failure(error)
-                return meter.record(time.perf_counter(), error), []
+                return meter.record(time.perf_counter(), error, resp.status_code), []
             error = ""
             try:
                 for line in resp.iter_lines(chunk_size=None):  # None: every chunk as it arrives

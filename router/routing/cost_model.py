@@ -10,7 +10,7 @@ Two straight lines per engine, each fitted online by weighted least squares over
 - step: one decode step's seconds, as c + d·batch (running sequences), from the mean token
   gap each decode engine reports over its last routing-stats period.
 
-The prior is two pseudo-observations on a line measured on the 2-core test VM (cluster/bench/
+The prior is two pseudo-observations on a line measured on the 2-core test VM (loadtest/bench/
 RESULTS.md: 128 / 1500-token prompts ~0.28 / ~3.0 s through tandem, an unloaded decode step
 ~35-40 ms); it keeps the fit sane until data arrive, is outweighed after a few observations
 and decays like them.

@@ -19,6 +19,8 @@ from typing import Any, Literal, Optional
 import httpx
 from pydantic import BaseModel, ConfigDict, model_validator
 
+from loadtest.measure.sse import read_events
+
 CORPUS_DIR = Path(__file__).resolve().parent / "compat_corpus"
 SHAPE_DEPTH = 5
 # Dicts keyed by data (token strings, token ids, routes), not by field names: one "*" key.
@@ -95,19 +97,6 @@ def _parse(text: str) -> Any:
         return text
 
 
-def _sse(lines: list[str]) -> tuple[list[Any], bool]:
-    events, done = [], False
-    for line in lines:
-        if not line.startswith("data:"):
-            continue
-        data = line[len("data:"):].strip()
-        if data == "[DONE]":
-            done = True
-        elif data:
-            events.append(_parse(data))
-    return events, done
-
-
 def send(client: httpx.Client, base_url: str, entry: Entry) -> Outcome:
     """One corpus request to one server; a stream is read to its end."""
     kwargs: dict[str, Any] = {"timeout": REQUEST_TIMEOUT_S}
@@ -119,7 +108,7 @@ def send(client: httpx.Client, base_url: str, entry: Entry) -> Outcome:
     try:
         with client.stream(entry.method, base_url + entry.path, **kwargs) as response:
             if entry.stream and response.status_code == 200:
-                events, done = _sse(list(response.iter_lines()))
+                events, done = read_events(response.iter_lines())
                 return Outcome(response.status_code, events=tuple(events), done=done,
                                elapsed_s=time.monotonic() - t0)
             response.read()

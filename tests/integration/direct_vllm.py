@@ -18,11 +18,11 @@ import sys
 import time
 from pathlib import Path
 
-import httpx
 import pytest
 
 from cluster.engine import CPU_ENGINE_NICENESS
 from cluster.vllm_plugin import ENGINE_NICE
+from loadtest.bench.engines import wait_healthy
 from tests.conftest import TEST_STATE
 
 DIRECT_VLLM_PORT = 8791  # clear of the test cluster's 8765-8767 and the GPU suite's 8795-8796
@@ -78,20 +78,6 @@ def _log_tail(log_path: Path) -> str:
         return "(no log)"
 
 
-def _wait_healthy(url: str, proc: subprocess.Popen, log_path: Path, timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"vLLM api_server exited with {proc.returncode}; log tail:\n{_log_tail(log_path)}")
-        try:
-            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(1)
-    raise TimeoutError(f"vLLM api_server not healthy in {timeout_s} s; log tail:\n{_log_tail(log_path)}")
-
-
 def _signal_group(proc: subprocess.Popen, sig: int) -> None:
     try:
         os.killpg(proc.pid, sig)
@@ -122,7 +108,7 @@ def direct_vllm_url(tiny_model_dir) -> str:
         proc = subprocess.Popen(direct_vllm_command(tiny_model_dir), env=direct_vllm_environment(),
                                 stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     try:
-        _wait_healthy(url, proc, log_path, READY_TIMEOUT_S)
+        wait_healthy(url, proc, time.monotonic() + READY_TIMEOUT_S, lambda: f"log tail:\n{_log_tail(log_path)}")
         yield url
     finally:
         _stop(proc)

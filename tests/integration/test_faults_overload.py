@@ -19,6 +19,8 @@ import time
 import httpx
 import pytest
 
+from loadtest.measure.percentiles import percentile
+from loadtest.measure.sse import StreamReader
 from tests.integration.conftest import MODEL_NAME, replica_stats
 
 pytestmark = pytest.mark.integration
@@ -31,17 +33,16 @@ POOLS = {"interactive-prefill": 2, "interactive-decode": 1}
 
 async def one_request(http: httpx.AsyncClient, base_url: str) -> tuple[int, float, str]:
     """(status, TTFT as the client sees it, Retry-After for a 429 / the body's last line)."""
-    sent = time.monotonic()
+    sent = time.perf_counter()
     async with http.stream("POST", f"{base_url}/v1/completions", json={**BODY, "stream": True}) as r:
         if r.status_code != 200:
             await r.aread()
-            return r.status_code, time.monotonic() - sent, r.headers.get("retry-after", "") \
+            return r.status_code, time.perf_counter() - sent, r.headers.get("retry-after", "") \
                 if r.status_code == 429 else r.text
-        ttft, line = float("inf"), ""
+        reader, line = StreamReader(sent), ""
         async for line in r.aiter_lines():
-            if ttft == float("inf") and line.startswith("data: {"):
-                ttft = time.monotonic() - sent  # the first token's chunk
-        return r.status_code, ttft, line
+            reader.feed(line, time.perf_counter())
+        return r.status_code, float("inf") if reader.ttft_ms is None else reader.ttft_ms / 1000, line
 
 
 async def closed_loop(base_url: str, clients: int, seconds: float) -> tuple[float, list[float]]:
@@ -75,10 +76,6 @@ async def open_loop(base_url: str, rate: float, seconds: float) -> list[tuple[in
         return list(await asyncio.gather(*tasks))
 
 
-def p95(values: list[float]) -> float:
-    return sorted(values)[int(len(values) * 0.95)]
-
-
 def test_three_times_capacity_gets_429_for_the_excess_and_the_rest_completes(cluster, base_url):
     workers_before = {w for pool, n in POOLS.items() for w in replica_stats(pool, n)}
     tier = cluster.cfg.tiers["interactive"]
@@ -94,10 +91,10 @@ def test_three_times_capacity_gets_429_for_the_excess_and_the_rest_completes(clu
     slo = tier.slo.ttft_s
     places = httpx.get(f"{base_url}/health", timeout=30).json()["admission"]["interactive"]["limit"]
     print(f"\ncapacity {capacity:.1f} req/s closed loop (TTFT p50 {ttft_at_capacity[len(ttft_at_capacity) // 2]:.2f}"
-          f" s, p95 {p95(ttft_at_capacity):.2f} s); open loop "
+          f" s, p95 {percentile(ttft_at_capacity, 95):.2f} s); open loop "
           f"{rate:.1f} req/s for {OPEN_LOOP_S} s: {len(results)} sent, {len(ttft)} ok (TTFT p50 "
-          f"{ttft[len(ttft) // 2]:.2f} s, p95 {p95(ttft):.2f} s, max {ttft[-1]:.2f} s; "
-          f"tier SLO {slo:g} s {'met' if p95(ttft) <= slo else 'MISSED'}), {len(refused)} got 429 "
+          f"{ttft[len(ttft) // 2]:.2f} s, p95 {percentile(ttft, 95):.2f} s, max {ttft[-1]:.2f} s; "
+          f"tier SLO {slo:g} s {'met' if percentile(ttft, 95) <= slo else 'MISSED'}), {len(refused)} got 429 "
           f"(answered in {sorted(r[0] for r in refused)[len(refused) // 2]:.3f} s p50, client-side); "
           f"running places after: {places} of {tier.admission.max_running}"
           if refused and ttft else f"\n{results[:5]}")

@@ -5,10 +5,17 @@ exactly as a user runs it (`python -m loadtest`)."""
 
 from __future__ import annotations
 
+import asyncio
 import csv
 import subprocess
 import sys
 from pathlib import Path
+
+import httpx
+
+from loadtest.bench.loadgen import stream_one
+from loadtest.bench.workload import ScheduledRequest
+from tests.integration.conftest import MODEL_NAME
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -44,3 +51,18 @@ def test_impossible_slo_fails_the_run_and_names_the_bound(base_url, tiny_model_d
     assert "FAIL  ttft_ms p50 <= 0.001" in out.stdout
     assert "PASS  itl_ms p95 <= 2000" in out.stdout  # only the impossible bound failed
     assert "SLO FAILED" in out.stdout and "SLO FAILED" in (tmp_path / "index.html").read_text()
+
+
+def test_the_benchmarks_client_reads_exact_tokens_through_the_gateway(base_url):
+    """loadtest/measure/'s stream_async as the goodput and overhead benchmarks send it
+    (loadtest/bench/loadgen.py): two token-id prompts in a row on one connection pool."""
+    async def go():
+        async with httpx.AsyncClient(timeout=120) as client:
+            return [await stream_one(client, base_url, MODEL_NAME,
+                                     ScheduledRequest(i, 0.0, "bench", tuple(range(100 + i, 140 + i)), 8))
+                    for i in range(2)]
+
+    for r in asyncio.run(go()):
+        assert r.ok, r.error
+        assert (r.status, r.output_tokens, r.prompt_tokens, r.workload) == (200, 8, 40, "bench")
+        assert 0 < r.ttft_ms <= r.e2e_ms and r.mean_itl_ms > 0 and len(r.token_gaps_ms) == r.tokens - 1

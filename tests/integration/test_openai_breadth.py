@@ -26,6 +26,7 @@ from vllm.sampling_params import StructuredOutputsParams
 from cluster.protocol import finish_reason
 import regex
 
+from loadtest.measure.sse import read_events
 from tests.conftest import REPO
 from tests.integration.conftest import MODEL_NAME
 
@@ -72,8 +73,7 @@ def _text(chunks) -> str:
 
 
 def _sse(response: httpx.Response) -> list[dict]:
-    return [json.loads(line[6:]) for line in response.iter_lines()
-            if line.startswith("data: ") and line != "data: [DONE]"]
+    return read_events(response.iter_lines())[0]
 
 
 def _chat(base_url: str, **body) -> dict:

@@ -21,6 +21,8 @@ from vllm import SamplingParams
 
 from cluster.protocol import EngineRequest
 from kv_transfer.handoff import Handoff
+from loadtest.measure.percentiles import percentile
+from loadtest.measure.sse import StreamReader
 from tests.integration.test_faults_kv_transfer import decode_text
 from tests.integration.conftest import GATEWAY_PORT, MODEL_NAME, metric, replica_stats, wait_for_metric
 
@@ -145,16 +147,13 @@ def _flood(url: str, seconds: float, out) -> None:
 def _stream_gaps(base_url: str, max_tokens: int = 48) -> tuple[list[float], str]:
     body = {"model": MODEL_NAME, "prompt": "count with me: one two three", "max_tokens": max_tokens,
             "temperature": 0, "ignore_eos": True, "stream": True}
-    stamps, text = [], ""
+    """(the gaps between streamed tokens in ms, the text)."""
+    reader = StreamReader(time.perf_counter())
     with httpx.stream("POST", f"{base_url}/v1/completions", json=body, timeout=120) as r:
         assert r.status_code == 200
         for line in r.iter_lines():
-            if line.startswith("data: ") and line != "data: [DONE]":
-                chunk = json.loads(line[6:])
-                if chunk["choices"] and chunk["choices"][0]["text"]:
-                    stamps.append(time.perf_counter())
-                    text += chunk["choices"][0]["text"]
-    return [b - a for a, b in zip(stamps, stamps[1:])], text
+            reader.feed(line, time.perf_counter())
+    return list(reader.record(time.perf_counter()).token_gaps_ms), reader.text
 
 
 def test_a_health_flood_leaves_a_stream_working(base_url):
@@ -185,11 +184,11 @@ def test_a_health_flood_leaves_a_stream_working(base_url):
     done, errors = sum(c[0] for c in counts), sum(c[1] for c in counts)
     rate = done / flood_s
     p50 = statistics.median(flood_gaps) / statistics.median(base_gaps)
-    p90 = statistics.quantiles(flood_gaps, n=10)[-1] / statistics.quantiles(base_gaps, n=10)[-1]
+    p90 = percentile(flood_gaps, 90) / percentile(base_gaps, 90)
     mean = statistics.fmean(flood_gaps) / statistics.fmean(base_gaps)
     print(f"\n/health flood: {done} calls in {flood_s:g} s ({rate:.0f} calls/s), {errors} errors, "
           f"{probes:g} engine probes in {elapsed:.1f} s; stream token gap p50 "
-          f"{statistics.median(base_gaps) * 1000:.1f} ms -> {statistics.median(flood_gaps) * 1000:.1f} ms "
+          f"{statistics.median(base_gaps):.1f} ms -> {statistics.median(flood_gaps):.1f} ms "
           f"(x{p50:.2f}), p90 x{p90:.2f}, mean x{mean:.2f}")
     # What the HTTP path itself takes here (Serve's proxy → the gateway replica, no engine):
     # /livez at the same concurrency, for comparison with the /health rate.

@@ -11,6 +11,7 @@ import json
 import httpx
 import pytest
 
+from loadtest.measure.sse import DONE, payload
 from tests.integration.conftest import MODEL_NAME
 
 pytestmark = pytest.mark.integration
@@ -52,16 +53,9 @@ def reference(tiny_model_dir):
 
 
 def _sse_events(response: httpx.Response) -> list[dict]:
-    events = []
-    for line in response.iter_lines():
-        if not line.startswith("data: "):
-            continue
-        data = line[len("data: "):]
-        if data == "[DONE]":
-            events.append({"done": True})
-        else:
-            events.append(json.loads(data))
-    return events
+    """Every event, parsed, with {"done": True} where the stream said [DONE]."""
+    return [{"done": True} if data == DONE else json.loads(data)
+            for data in map(payload, response.iter_lines()) if data]
 
 
 def _decode_stats():

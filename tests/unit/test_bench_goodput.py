@@ -1,11 +1,19 @@
-"""The pure parts of the goodput benchmark (cluster/bench/workload.py): the seeded Poisson
-schedule and goodput from per-request records. No Ray, no vLLM."""
+"""The pure parts of the goodput benchmark (loadtest/bench/workload.py): the seeded Poisson
+schedule and goodput from per-request records against a request Objective. No Ray, no vLLM."""
 
 import statistics
 
 import pytest
 
-from cluster.bench.workload import SLO, Mix, RequestKind, RequestRecord, percentiles, poisson_schedule, summarize
+from loadtest.bench.workload import Mix, RequestKind, poisson_schedule, summarize
+from loadtest.measure.percentiles import latency_summary
+from loadtest.measure.record import RequestRecord
+from loadtest.measure.slo import Objective
+
+
+def SLO(ttft_s: float, itl_s: float, max_gap_s: float | None = None) -> Objective:
+    """The benchmark's flags are seconds; the Objective is in ms."""
+    return Objective(ttft_s * 1000, itl_s * 1000, None if max_gap_s is None else max_gap_s * 1000)
 
 MIX = Mix(RequestKind("prefill-heavy", 40, 2), RequestKind("decode-heavy", 4, 30), prefill_share=0.7)
 
@@ -42,8 +50,9 @@ def test_schedule_rejects_bad_arguments():
 
 
 def rec(i, ttft, decode_s, tokens, kind="decode-heavy", error=None):
-    gaps = (decode_s / (tokens - 1),) * (tokens - 1) if decode_s is not None and tokens > 1 else ()
-    return RequestRecord(i, kind, ttft, gaps, decode_s, tokens, error)
+    gaps = (decode_s * 1000 / (tokens - 1),) * (tokens - 1) if decode_s is not None and tokens > 1 else ()
+    return RequestRecord(index=i, workload=kind, ttft_ms=None if ttft is None else ttft * 1000, token_gaps_ms=gaps,
+                         usage_tokens=tokens, error=error or "")
 
 
 def test_goodput_counts_only_requests_meeting_both_bounds():
@@ -70,15 +79,16 @@ def test_goodput_counts_only_requests_meeting_both_bounds():
     assert s["ttft"]["n"] == 5 and s["mean_itl"]["n"] == 4  # failed requests add no latency
 
 
-def test_percentiles_use_median_and_nearest_lower_rank():
-    values = [i / 1000 for i in range(1, 101)]  # 1..100 ms
-    assert percentiles(values) == {"p50_ms": 50.5, "p90_ms": 90.0, "p99_ms": 99.0, "n": 100}
-    assert percentiles([]) == {"n": 0}
+def test_latency_summary_interpolates_between_ranks():
+    values = [float(i) for i in range(1, 101)]  # 1..100 ms
+    assert latency_summary(values) == {"p50_ms": 50.5, "p90_ms": 90.1, "p99_ms": 99.0, "max_ms": 100.0,
+                                       "mean_ms": 50.5, "n": 100}
+    assert latency_summary([]) == {"n": 0}
 
 
 def test_max_gap_bound_catches_a_stall_the_mean_hides():
-    gaps = (0.04,) * 100 + (0.8,)  # one 800 ms stall in 102 tokens: mean ITL ~47 ms
-    stalled = RequestRecord(0, "decode-heavy", 0.2, gaps, sum(gaps), 102)
-    assert stalled.meets(SLO(1.0, 0.1))
-    assert not stalled.meets(SLO(1.0, 0.1, max_gap_s=0.25))
-    assert rec(1, 0.2, 0.4, 11).meets(SLO(1.0, 0.1, max_gap_s=0.25))
+    gaps = (40.0,) * 100 + (800.0,)  # one 800 ms stall in 102 tokens: mean ITL ~47 ms
+    stalled = RequestRecord(ttft_ms=200.0, token_gaps_ms=gaps, usage_tokens=102)
+    assert SLO(1.0, 0.1).met_by(stalled)
+    assert not SLO(1.0, 0.1, max_gap_s=0.25).met_by(stalled)
+    assert SLO(1.0, 0.1, max_gap_s=0.25).met_by(rec(1, 0.2, 0.4, 11))

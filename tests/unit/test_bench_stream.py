@@ -1,85 +1,14 @@
-"""The pure parts of the stream benchmark: SSE timing, tail percentiles, CPU attribution by
-process kind, per-cell summaries and the issue-14 targets."""
-
-import json
+"""The pure parts of the stream benchmark: CPU attribution by process kind, per-cell
+summaries and the issue-14 targets. (Its SSE timing and percentiles are loadtest/measure/'s:
+tests/unit/test_measure.py.)"""
 
 import pytest
 
-from cluster.bench import procs
-from cluster.bench.procs import ProcRecord
-from cluster.bench.stats import rank, tail_summary
-from cluster.bench.stream import parse_batches
-from cluster.bench.stream_report import StreamRecord, SystemCell, parse_sse, summarize, targets
-
-
-def sse(obj) -> str:
-    return "data: " + json.dumps(obj)
-
-
-def chat(content=None, token_ids=None, role=None, finish=None):
-    delta = {}
-    if role:
-        delta["role"] = role
-    if content is not None:
-        delta["content"] = content
-    choice = {"index": 0, "delta": delta, "finish_reason": finish}
-    if token_ids is not None:
-        choice["token_ids"] = token_ids
-    return sse({"choices": [choice]})
-
-
-# ---------------------------------------------------------------- SSE timing
-
-def test_chat_stream_one_arrival_per_token_role_and_usage_chunks_carry_none():
-    events = [(0.10, chat(content="", role="assistant")),
-              (0.30, chat(content="Hel", token_ids=[11])),
-              (0.35, chat(content="lo", token_ids=[12])),
-              (0.50, chat(content="", token_ids=[13])),  # a token whose text is held back still arrived
-              (0.51, sse({"choices": [], "usage": {"prompt_tokens": 60, "completion_tokens": 3}})),
-              (0.52, "data: [DONE]")]
-    rec = parse_sse(events)
-    assert rec.arrivals_s == (0.30, 0.35, 0.50)
-    assert rec.ttft_s == 0.30
-    assert rec.gaps_s == pytest.approx((0.05, 0.15))
-    assert rec.mean_itl_s == pytest.approx(0.10)
-    assert (rec.prompt_tokens, rec.usage_tokens, rec.error) == (60, 3, None)
-
-
-def test_a_chunk_carrying_several_tokens_counts_them_all_arriving_together():
-    rec = parse_sse([(0.2, chat(content="a", token_ids=[1])), (0.9, chat(content="bcd", token_ids=[2, 3, 4]))])
-    assert rec.arrivals_s == (0.2, 0.9, 0.9, 0.9)
-    assert rec.gaps_s == pytest.approx((0.7, 0.0, 0.0))
-
-
-def test_without_token_ids_a_chunk_with_content_is_one_token_and_completions_text_counts():
-    rec = parse_sse([(0.1, chat(content="", role="assistant")), (0.2, chat(content="x")), (0.4, chat(content="y"))])
-    assert rec.arrivals_s == (0.2, 0.4)
-    comp = parse_sse([(0.3, sse({"choices": [{"index": 0, "text": "a"}]})),
-                      (0.4, sse({"choices": [{"index": 0, "text": ""}]})),
-                      (0.5, sse({"choices": [{"index": 0, "text": "b"}]}))])
-    assert comp.arrivals_s == (0.3, 0.5)
-
-
-def test_comments_and_blank_data_are_skipped_and_an_empty_or_failed_stream_is_an_error():
-    rec = parse_sse([(0.1, ": keep-alive"), (0.2, "data: "), (0.3, chat(content="z", token_ids=[5]))])
-    assert rec.arrivals_s == (0.3,) and rec.mean_itl_s is None and rec.gaps_s == ()
-    assert parse_sse([(0.1, "data: [DONE]")]).error == "stream ended without a token"
-    failed = parse_sse([(0.1, chat(content="a", token_ids=[1])), (0.2, sse({"error": {"message": "boom"}}))])
-    assert failed.error.startswith("error event") and failed.arrivals_s == (0.1,)
-
-
-# ---------------------------------------------------------------- percentiles
-
-def test_tail_summary_nearest_lower_rank_median_and_max():
-    values = [float(v) for v in range(1, 201)]  # 1..200 ms
-    s = tail_summary(values)
-    assert s["p50_ms"] == 100.5
-    assert s["p90_ms"] == 180.0  # ordered[int(0.9 * 199)] = ordered[179]
-    assert s["p99_ms"] == 198.0  # the 3rd largest of 200
-    assert s["max_ms"] == 200.0 and s["n"] == 200 and s["mean_ms"] == 100.5
-    assert tail_summary([]) == {"n": 0}
-    assert tail_summary([7.0])["p99_ms"] == 7.0
-    assert rank([1.0, 2.0, 3.0], 0.0) == 1.0 and rank([1.0, 2.0, 3.0], 1.0) == 3.0
+from loadtest.bench import procs
+from loadtest.bench.procs import ProcRecord
+from loadtest.bench.stream import parse_batches
+from loadtest.bench.stream_report import SystemCell, summarize, targets
+from loadtest.measure.record import RequestRecord
 
 
 # ---------------------------------------------------------------- process kinds and CPU
@@ -153,8 +82,9 @@ def test_cpu_delta_by_kind_counts_newborn_and_reused_pids_from_zero_and_skips_th
 
 def test_summary_counts_tokens_cpu_per_token_and_idle_burn():
     cell = SystemCell()
-    cell.records = [StreamRecord((0.2, 0.3, 0.4), 60, 3), StreamRecord((0.25, 0.45, 0.65), 61, 3),
-                    StreamRecord((), error="HTTP 500: x")]
+    cell.records = [RequestRecord(ttft_ms=200.0, token_gaps_ms=(100.0, 100.0), prompt_tokens=60, usage_tokens=3),
+                    RequestRecord(ttft_ms=250.0, token_gaps_ms=(200.0, 200.0), prompt_tokens=61, usage_tokens=3),
+                    RequestRecord(error="HTTP 500: x")]
     cell.models_ms = [5.0, 7.0, 9.0]
     cell.busy_s, cell.idle_cpu_s, cell.idle_s = 2.0, 0.5, 1.0
     cell.add_cpu({"vLLM worker [d]": 0.6}, {procs.WORKER: 0.6})
@@ -169,7 +99,8 @@ def test_summary_counts_tokens_cpu_per_token_and_idle_burn():
     assert list(s["cpu_s_per_token"])[:2] == ["total", procs.WORKER]  # largest first
     assert s["cpu_cores_busy"] == pytest.approx(0.45)
     assert s["idle_cpu_cores_while_other_runs"] == 0.5
-    assert s["prompt_tokens_mean"] == 60.5 and s["models_latency"]["p99_ms"] == 7.0
+    assert s["prompt_tokens_mean"] == 60.5
+    assert s["models_latency"]["p50_ms"] == 7.0 and s["models_latency"]["p99_ms"] == 9.0  # 8.96: between ranks
 
 
 def fake_result(t_gap_p99, d_gap_p99, t_models_p99, t_ttft, d_ttft, ready):

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from tests.integration.compat import Difference, Entry, Outcome, _sse, answer, judge, key_paths, shape
+from loadtest.measure.sse import read_events
+from tests.integration.compat import Difference, Entry, Outcome, answer, judge, key_paths, shape
 
 CHAT = "/v1/chat/completions"
 
@@ -60,7 +61,7 @@ def test_streams_are_folded_per_choice_and_tool_call():
         'data: {"choices": [], "usage": {"prompt_tokens": 4, "completion_tokens": 3}}',
         "data: [DONE]",
     ]
-    events, done = _sse(lines)
+    events, done = read_events(lines)
     assert done and len(events) == 5
     e = _entry(body={"stream": True, "temperature": 0})
     got = answer(e, Outcome(200, events=tuple(events), done=done))

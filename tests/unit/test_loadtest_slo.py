@@ -1,12 +1,14 @@
-"""The SLO gate and the percentiles it rests on (loadtest/slo.py, loadtest/stats.py). Pure."""
+"""The SLO gate and the percentiles it rests on (loadtest/measure/slo.py, percentiles.py,
+record.py). Pure."""
 
 from __future__ import annotations
 
 import pytest
 from pydantic import ValidationError
 
-from loadtest.slo import SLO, evaluate, parse_percentile, passed
-from loadtest.stats import RequestRecord, Samples, percentile, summarize
+from loadtest.measure.percentiles import percentile, summarize
+from loadtest.measure.record import RequestRecord, Samples
+from loadtest.measure.slo import SLO, evaluate, parse_percentile, passed
 
 
 def test_percentile_interpolates_like_numpy():
@@ -35,9 +37,10 @@ def test_parse_percentile():
             parse_percentile(bad)
 
 
-def rec(ttft: float, e2e: float, itl: tuple[float, ...], ok: bool = True, n: int = 0) -> RequestRecord:
-    return RequestRecord(start_s=0.0, workload="chat", tier="interactive", ok=ok, prompt_tokens=8,
-                         output_tokens=n or len(itl) + 1, ttft_ms=ttft, e2e_ms=e2e, itl_ms=itl)
+def rec(ttft: float, e2e: float, itl: tuple[float, ...]) -> RequestRecord:
+    """One token per chunk: every gap is an ITL sample as it is."""
+    return RequestRecord(start_s=0.0, workload="chat", tier="interactive", prompt_tokens=8, ttft_ms=ttft,
+                         e2e_ms=e2e, token_gaps_ms=itl)
 
 
 def run_samples() -> Samples:
@@ -55,7 +58,7 @@ def test_tokens_per_s_is_the_decode_rate():
 
 def test_failed_requests_count_as_errors_but_not_as_latency():
     s = run_samples()
-    s.add(RequestRecord(0.0, "chat", "interactive", ok=False, error="HTTP 500"))
+    s.add(RequestRecord(workload="chat", tier="interactive", error="HTTP 500"))
     assert s.requests == 11 and s.errors == 1
     assert s.error_rate == pytest.approx(1 / 11)
     assert len(s.values("ttft_ms")) == 10
@@ -82,7 +85,7 @@ def test_tokens_per_s_is_a_lower_bound():
 
 def test_error_rate_and_empty_runs_fail():
     s = run_samples()
-    s.add(RequestRecord(0.0, "chat", "interactive", ok=False, error="boom"))
+    s.add(RequestRecord(workload="chat", tier="interactive", error="boom"))
     assert [v.bound for v in evaluate(SLO(max_error_rate=0.05), s) if not v.ok] == ["error_rate <= 0.05"]
     empty = [v for v in evaluate(SLO(ttft_ms={"p50": 1}), Samples()) if not v.ok]
     assert {v.bound for v in empty} == {"successful requests >= 1", "ttft_ms p50 <= 1"}
@@ -100,6 +103,6 @@ def test_slo_model_rejects_bad_input():
 
 
 def test_summarize():
-    s = summarize([1.0, 2.0, 3.0], "ttft_ms")
+    s = summarize([1.0, 2.0, 3.0])
     assert s.count == 3 and s.mean == 2.0 and s.percentiles[50.0] == 2.0
-    assert summarize([], "ttft_ms").count == 0
+    assert summarize([]).count == 0

@@ -11,10 +11,10 @@ from pydantic import ValidationError
 
 from loadtest.__main__ import locust_command, main
 from loadtest.report import write_report
-from loadtest.slo import SLO, evaluate
-from loadtest.spec import LoadSpec, TokenizerVocab
-from loadtest.stats import RequestRecord, Samples
+from loadtest.measure.record import RequestRecord, Samples
+from loadtest.measure.slo import SLO, evaluate
 from loadtest.meter import StreamMeter
+from loadtest.spec import LoadSpec, TokenizerVocab
 from loadtest.workloads import TOOLS, AgentShape, Mix, Request, Shape, Trace, TraceSpec, WorkloadSpec, agent_prefix, parse_trace
 
 REPO = Path(__file__).resolve().parents[2]
@@ -204,16 +204,17 @@ def test_meter_fails_short_miscounted_or_broken_streams():
     assert "got 1 of 2" in run([chunk([1]), b"data: [DONE]"]).error
     assert "counted 5 prompt tokens" in run([chunk([1, 2]), sse({"choices": [], "usage": {"prompt_tokens": 5}}),
                                              b"data: [DONE]"]).error
-    assert "stream error: boom" in run([chunk([1]), sse({"error": {"message": "boom"}})]).error
+    assert "error event: boom" in run([chunk([1]), sse({"error": {"message": "boom"}})]).error
     assert not run([]).ok
 
 
 def test_report_files(tmp_path):
     s = Samples()
     for i in range(20):
-        s.add(RequestRecord(i * 0.5, "chat" if i % 2 else "agent", "interactive", True, 10, 5,
-                            ttft_ms=100.0 + i, e2e_ms=200.0 + i, itl_ms=(20.0, 25.0, 30.0, 25.0)))
-    s.add(RequestRecord(3.0, "chat", "interactive", False, 10, error="HTTP 503: busy"))
+        s.add(RequestRecord(start_s=i * 0.5, workload="chat" if i % 2 else "agent", tier="interactive",
+                            prompt_tokens=10, ttft_ms=100.0 + i, e2e_ms=200.0 + i,
+                            token_gaps_ms=(20.0, 25.0, 30.0, 25.0)))
+    s.add(RequestRecord(start_s=3.0, workload="chat", tier="interactive", prompt_tokens=10, error="HTTP 503: busy"))
     slo = SLO(ttft_ms={"p95": 110})
     page = write_report(tmp_path, "t", s, slo, evaluate(slo, s))
     text = page.read_text()

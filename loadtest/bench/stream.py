@@ -2,11 +2,11 @@
 run`'s cluster, the default config) against one direct vLLM api_server on the same model,
 dtype and core, interleaved batch by batch. Writes JSON and a PNG plot (issue 14).
 
-    flock /tmp/tandem-cluster.lock .venv/bin/python -m cluster.bench.stream [--config FILE] [--batches 1:6,4:3]
-    .venv/bin/python -m cluster.bench.stream --replot runs/bench/stream.json
+    flock /tmp/tandem-cluster.lock .venv/bin/python -m loadtest.bench.stream [--config FILE] [--batches 1:6,4:3]
+    .venv/bin/python -m loadtest.bench.stream --replot runs/bench/stream.json
 
 tandem is started as `tandem run --config FILE` (a child process, as a user starts it; its
-"ready in N s" line is the readiness figure); the direct server as in cluster/bench/engines.py,
+"ready in N s" line is the readiness figure); the direct server as in loadtest/bench/engines.py,
 bound to the core of the default tier's prefill engine, with its KV cache and max_num_seqs,
 and the dtype tandem picks on this host. Cells: a ~60-token and a ~1,000-token chat prompt
 (random words, distinct per request, so nothing is served from a prefix cache) at
@@ -17,7 +17,7 @@ alternate tandem, direct, direct, tandem, ..., so only one system is under load 
 Per system and cell: TTFT (sent → first token), token gaps (between successive tokens of one
 stream, client-side arrival times; tokens of one SSE chunk arrive together), ITL (a stream's
 mean gap), GET /v1/models latency from a poller running while the batch streams, and CPU
-seconds per streamed token by process kind (cluster/bench/procs.py; psutil, before and after
+seconds per streamed token by process kind (loadtest/bench/procs.py; psutil, before and after
 each batch). Also: each system's first request after start, and both idle.
 """
 
@@ -38,11 +38,12 @@ from pathlib import Path
 import httpx
 import psutil
 
-from cluster.bench import procs
-from cluster.bench.engines import ROOT, DirectEngines, DirectEngineSpec, TandemRun
-from cluster.bench.stats import tail_summary
-from cluster.bench.stream_report import (SYSTEMS, StreamRecord, SystemCell, cpu_table, figures_table, parse_sse,
-                                         plot, summarize, targets, targets_table)
+from loadtest.bench import procs
+from loadtest.bench.engines import ROOT, DirectEngines, DirectEngineSpec, TandemRun
+from loadtest.bench.stream_report import SYSTEMS, SystemCell, cpu_table, figures_table, plot, summarize, targets, targets_table
+from loadtest.measure.percentiles import latency_summary
+from loadtest.measure.record import RequestRecord
+from loadtest.measure.sse import stream_async
 
 DEFAULT_CONFIG = ROOT / "cluster" / "configs" / "local.yaml"
 DIRECT_PORT = 8100
@@ -91,22 +92,11 @@ def make_prompts(tokenizer_path: Path, targets_tokens: dict[str, int], n: int, s
 # ---------------------------------------------------------------- measurement
 
 async def stream_chat(client: httpx.AsyncClient, url: str, model: str, messages: list[dict],
-                      max_tokens: int) -> StreamRecord:
+                      max_tokens: int) -> RequestRecord:
     body = {"model": model, "messages": messages, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True,
             "stream": True, "stream_options": {"include_usage": True}, "return_token_ids": True}
-    events: list[tuple[float, str]] = []
-    t0 = time.perf_counter()
-    try:
-        async with client.stream("POST", f"{url}/v1/chat/completions", json=body) as resp:
-            if resp.status_code != 200:
-                text = (await resp.aread())[:200].decode(errors="replace")
-                return StreamRecord((), error=f"HTTP {resp.status_code}: {text}")
-            async for line in resp.aiter_lines():
-                if line:
-                    events.append((time.perf_counter() - t0, line))
-    except httpx.HTTPError as exc:
-        return StreamRecord((), error=f"{type(exc).__name__}: {exc}")
-    return parse_sse(events)
+    record, _ = await stream_async(client, f"{url}/v1/chat/completions", body)
+    return record
 
 
 async def poll_models(client: httpx.AsyncClient, url: str, stop: asyncio.Event, interval_s: float,
@@ -199,7 +189,7 @@ class Bench:
             await asyncio.sleep(self.args.poll_interval_ms / 1000)
         wall = time.perf_counter() - t0
         _, deltas, _ = self.cpu_since(before)
-        return {name: {"models_latency": tail_summary(lat[name]),
+        return {name: {"models_latency": latency_summary(lat[name]),
                        "cpu_cores_busy": round(sum(deltas[name].values()) / wall, 3),
                        "cpu_cores_busy_by_process": {k: round(v / wall, 3) for k, v in sorted(
                            procs.by_process(deltas[name]).items(), key=lambda kv: -kv[1]) if v / wall >= 0.005}}
@@ -219,10 +209,9 @@ class Bench:
                     rec = await stream_chat(client, url, self.model, conv, args.max_tokens)
                     if rec.error:
                         raise RuntimeError(f"{name}: warm-up request failed: {rec.error}")
-                    ttfts.append(round(rec.ttft_s * 1000, 1))
+                    ttfts.append(round(rec.ttft_ms, 1))
                     if i == 0:
-                        out["first_request"][name] = {"ttft_ms": ttfts[0],
-                                                      "token_gap_max_ms": round(max(rec.gaps_s, default=0) * 1000, 1)}
+                        out["first_request"][name] = {"ttft_ms": ttfts[0], "token_gap_max_ms": round(rec.max_gap_ms, 1)}
                 out["warmup_ttft_ms"][name] = ttfts
                 log(f"[stream] {name} warm: first request TTFT {ttfts[0]} ms, then {ttfts[1:]} ms")
             out["idle"] = await self.idle(poller, args.idle_s)
@@ -237,8 +226,8 @@ class Bench:
                     for system in order:
                         convs = [prompts[spec["prompt"]].pop() for _ in range(conc)]
                         recs, models = await self.batch(client, poller, system, convs, cell)
-                        gaps = [g * 1000 for r in recs for g in r.gaps_s]
-                        ttft = [f"{r.ttft_s * 1000:.0f}" for r in recs if r.ttft_s is not None]
+                        gaps = [g for r in recs for g in r.token_gaps_ms]
+                        ttft = [f"{r.ttft_ms:.0f}" for r in recs if r.ttft_ms is not None]
                         errs = [r.error for r in recs if r.error]
                         log(f"[stream] {key} batch {b + 1}/{batches} {system:6s}: TTFT {','.join(ttft)} ms, "
                             f"gap max {max(gaps, default=0):.0f} ms, /v1/models max "
@@ -306,7 +295,7 @@ def bench(args) -> dict:
                             max_model_len=cfg.model.max_model_len, kv_cache_bytes=tier.prefill.engine.kv_cache_bytes,
                             port=DIRECT_PORT, on_gpu=gpu, devices=cores, max_num_seqs=tier.prefill.engine.max_num_seqs,
                             max_num_batched_tokens=tier.prefill.engine.max_num_batched_tokens)
-    result = {"benchmark": "stream", "command": " ".join(["python -m cluster.bench.stream", *sys.argv[1:]]),
+    result = {"benchmark": "stream", "command": " ".join(["python -m loadtest.bench.stream", *sys.argv[1:]]),
               "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "machine": machine_facts(),
               "model": cfg.model.served_name, "model_path": str(cfg.model.path), "dtype": dtype,
               "config": str(args.config), "direct_cores": cores,

@@ -26,6 +26,21 @@ ROOT = Path(__file__).resolve().parents[2]
 READY = re.compile(r"\[tandem\] ready in (\d+(?:\.\d+)?) s")
 
 
+def wait_healthy(url: str, proc: subprocess.Popen, deadline: float, why: Callable[[], str]) -> None:
+    """Poll `url`/health until it answers 200 (a vLLM api_server is ready); raise, with
+    `why()` (where to look), if the process exits first or `deadline` (monotonic) passes."""
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"vLLM api_server at {url} exited with {proc.returncode}; {why()}")
+        try:
+            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(1)
+    raise TimeoutError(f"vLLM api_server at {url} not healthy in time; {why()}")
+
+
 @dataclass(frozen=True)
 class DirectEngineSpec:
     model_path: Path
@@ -89,7 +104,8 @@ class DirectEngines:
                                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
         try:
             for spec, proc in zip(self.specs, self.procs):
-                self._wait_healthy(spec, proc, t0 + self.ready_timeout_s)
+                wait_healthy(spec.url, proc, t0 + self.ready_timeout_s,
+                             lambda: f"run `{' '.join(spec.command())}` by hand to see why")
         except BaseException:
             self.stop()
             raise
@@ -99,20 +115,6 @@ class DirectEngines:
 
     def __exit__(self, *exc) -> None:
         self.stop()
-
-    @staticmethod
-    def _wait_healthy(spec: DirectEngineSpec, proc: subprocess.Popen, deadline: float) -> None:
-        while time.monotonic() < deadline:
-            if proc.poll() is not None:
-                raise RuntimeError(f"vLLM api_server on port {spec.port} exited with {proc.returncode}; "
-                                   f"run `{' '.join(spec.command())}` by hand to see why")
-            try:
-                if httpx.get(f"{spec.url}/health", timeout=2).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(1)
-        raise TimeoutError(f"vLLM api_server on port {spec.port} not healthy in time")
 
     def stop(self) -> None:
         for proc in self.procs:

@@ -5,44 +5,23 @@ client saw of each. Works against tandem's gateway and plain vLLM api_servers al
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from typing import Callable
 
 import httpx
 
-from cluster.bench.workload import RequestRecord, ScheduledRequest
+from loadtest.bench.workload import ScheduledRequest
+from loadtest.measure.record import RequestRecord
+from loadtest.measure.sse import stream_async
 
 
 async def stream_one(client: httpx.AsyncClient, url: str, model: str, req: ScheduledRequest) -> RequestRecord:
+    """One scheduled request, streamed; failed unless it gave exactly `max_tokens` tokens."""
     body = {"model": model, "prompt": list(req.prompt), "max_tokens": req.max_tokens, "temperature": 0,
             "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
-    t0 = time.perf_counter()
-    stamps: list[float] = []
-    tokens = 0
-    try:
-        async with client.stream("POST", f"{url}/v1/completions", json=body) as resp:
-            if resp.status_code != 200:
-                text = (await resp.aread())[:200].decode(errors="replace")
-                return RequestRecord(req.index, req.kind, None, (), None, 0, f"HTTP {resp.status_code}: {text}")
-            async for line in resp.aiter_lines():
-                if not line.startswith("data: {"):
-                    continue
-                now = time.perf_counter()
-                chunk = json.loads(line[6:])
-                if chunk.get("choices"):
-                    stamps.append(now)
-                if chunk.get("usage"):
-                    tokens = chunk["usage"]["completion_tokens"]
-    except httpx.HTTPError as exc:
-        return RequestRecord(req.index, req.kind, None, (), None, 0, f"{type(exc).__name__}: {exc}")
-    if not stamps:
-        return RequestRecord(req.index, req.kind, None, (), None, 0, "stream ended without a token")
-    if tokens != req.max_tokens:
-        return RequestRecord(req.index, req.kind, stamps[0] - t0, (), None, tokens,
-                             f"expected {req.max_tokens} output tokens, usage says {tokens}")
-    gaps = tuple(b - a for a, b in zip(stamps, stamps[1:]))
-    return RequestRecord(req.index, req.kind, stamps[0] - t0, gaps, stamps[-1] - stamps[0], tokens)
+    record, _ = await stream_async(client, f"{url}/v1/completions", body, expect_tokens=req.max_tokens,
+                                   index=req.index, workload=req.kind, start_s=req.at_s)
+    return record
 
 
 async def replay(urls: list[str], model: str, schedule: list[ScheduledRequest], drain_timeout_s: float,
@@ -79,7 +58,8 @@ async def replay(urls: list[str], model: str, schedule: list[ScheduledRequest], 
     by_index = {r.index: r for r in schedule}
     records = [r for r in done if r.index not in unfinished]
     cut = f"unfinished {drain_timeout_s:.0f} s after the last arrival"
-    records += [RequestRecord(i, by_index[i].kind, None, (), None, 0, cut) for i in sorted(unfinished)]
+    records += [RequestRecord(index=i, workload=by_index[i].kind, start_s=by_index[i].at_s, error=cut)
+                for i in sorted(unfinished)]
     first = schedule[0].at_s if schedule else 0.0
     span = (max(finished_at) - start - first) if finished_at else 0.0
     return sorted(records, key=lambda r: r.index), span

@@ -1,79 +1,25 @@
-"""The pure half of the stream benchmark (cluster/bench/stream.py): what the client saw of
-each stream, a system's summary per cell, the issue-14 targets met or missed, the tables and
-the plot. No Ray, no vLLM, no network: unit-tested alone and used by --replot."""
+"""The pure half of the stream benchmark (loadtest/bench/stream.py): a system's summary per
+cell over what the client saw of each stream (loadtest/measure/record.py), the issue-14
+targets met or missed, the tables and the plot. No Ray, no vLLM, no network: unit-tested
+alone and used by --replot."""
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable, Optional
+from typing import Optional
 
-from cluster.bench.stats import tail_summary
+from loadtest.measure.percentiles import latency_summary
+from loadtest.measure.record import RequestRecord
 
 SYSTEMS = ("tandem", "direct")
-
-
-@dataclass(frozen=True)
-class StreamRecord:
-    """One streamed request. `arrivals_s`: one entry per token, the time (from sending the
-    request) at which the SSE chunk carrying it was read; tokens of one chunk share it."""
-
-    arrivals_s: tuple[float, ...]
-    prompt_tokens: Optional[int] = None
-    usage_tokens: Optional[int] = None
-    error: Optional[str] = None
-
-    @property
-    def ttft_s(self) -> Optional[float]:
-        return self.arrivals_s[0] if self.arrivals_s else None
-
-    @property
-    def gaps_s(self) -> tuple[float, ...]:
-        return tuple(b - a for a, b in zip(self.arrivals_s, self.arrivals_s[1:]))
-
-    @property
-    def mean_itl_s(self) -> Optional[float]:
-        n = len(self.arrivals_s)
-        return (self.arrivals_s[-1] - self.arrivals_s[0]) / (n - 1) if n > 1 else None
-
-
-def chunk_tokens(choice: dict) -> int:
-    """Tokens in one streamed choice: its `token_ids` when the server sends them (requested
-    with return_token_ids, so a chunk carrying several tokens counts them all), else one for
-    a chunk with content. The role-only opening chunk and the usage chunk carry none."""
-    ids = choice.get("token_ids")
-    if ids:
-        return len(ids)
-    text = choice.get("text") if "text" in choice else (choice.get("delta") or {}).get("content")
-    return 1 if text else 0
-
-
-def parse_sse(events: Iterable[tuple[float, str]]) -> StreamRecord:
-    """A StreamRecord from (seconds since the request was sent, SSE line) pairs."""
-    arrivals: list[float] = []
-    usage: dict = {}
-    for at, line in events:
-        if not line.startswith("data:"):
-            continue
-        data = line[5:].strip()
-        if not data or data == "[DONE]":
-            continue
-        chunk = json.loads(data)
-        if chunk.get("error"):
-            return StreamRecord(tuple(arrivals), error=f"error event: {str(chunk['error'])[:200]}")
-        usage = chunk.get("usage") or usage
-        for choice in chunk.get("choices") or ():
-            arrivals.extend([at] * chunk_tokens(choice))
-    error = None if arrivals else "stream ended without a token"
-    return StreamRecord(tuple(arrivals), usage.get("prompt_tokens"), usage.get("completion_tokens"), error)
 
 
 @dataclass
 class SystemCell:
     """What one system did in one cell, accumulated over its batches."""
 
-    records: list[StreamRecord] = field(default_factory=list)
+    records: list[RequestRecord] = field(default_factory=list)
     models_ms: list[float] = field(default_factory=list)  # GET /v1/models while its streams ran
     models_errors: int = 0
     busy_s: float = 0.0  # wall time of its batches
@@ -93,22 +39,22 @@ class SystemCell:
 
 
 def summarize(cell: SystemCell, expected_tokens: int) -> dict:
-    ok = [r for r in cell.records if r.error is None]
-    tokens = sum(len(r.arrivals_s) for r in ok)
-    gaps = [g * 1000 for r in ok for g in r.gaps_s]
-    ttft = [r.ttft_s * 1000 for r in ok]
+    ok = [r for r in cell.records if r.ok]
+    tokens = sum(r.tokens for r in ok)
+    gaps = [g for r in ok for g in r.token_gaps_ms]
+    ttft = [r.ttft_ms for r in ok]
     per_token = (lambda s: round(s / tokens, 5)) if tokens else (lambda s: None)
     prompt = [r.prompt_tokens for r in ok if r.prompt_tokens]
     return {
         "streams": len(cell.records), "errors": len(cell.records) - len(ok),
         "error_kinds": sorted({r.error for r in cell.records if r.error})[:5],
         "tokens": tokens,
-        "token_count_mismatches": sum(len(r.arrivals_s) != expected_tokens for r in ok),
+        "token_count_mismatches": sum(r.tokens != expected_tokens for r in ok),
         "prompt_tokens_mean": round(sum(prompt) / len(prompt), 1) if prompt else None,
-        "ttft": tail_summary(ttft),
-        "token_gap": tail_summary(gaps),
-        "itl": tail_summary([r.mean_itl_s * 1000 for r in ok if r.mean_itl_s is not None], digits=2),
-        "models_latency": tail_summary(cell.models_ms),
+        "ttft": latency_summary(ttft),
+        "token_gap": latency_summary(gaps),
+        "itl": latency_summary([r.mean_itl_ms for r in ok if r.mean_itl_ms is not None], digits=2),
+        "models_latency": latency_summary(cell.models_ms),
         "models_errors": cell.models_errors,
         "busy_s": round(cell.busy_s, 2),
         "cpu_s_per_token": {"total": per_token(sum(cell.cpu_kind_s.values())),

@@ -3,7 +3,7 @@ hop, KV transfer, decode) against the same model served by one vLLM engine direc
 short prompt (small KV transfer) and a long one, side by side in one run; plus cold start
 to ready, memory per engine and the share of TTFT spent in the KV transfer. Writes JSON.
 
-    flock /tmp/tandem-cluster.lock .venv/bin/python -m cluster.bench.ttft_vs_direct [--config FILE] [--requests 20]
+    flock /tmp/tandem-cluster.lock .venv/bin/python -m loadtest.bench.ttft_vs_direct [--config FILE] [--requests 20]
 
 Both sides get the same model, dtype, KV cache size and one CPU core per engine (the direct
 engine is bound to the core the prefill engine uses); only the config's default tier is
@@ -28,10 +28,10 @@ from pathlib import Path
 
 import psutil
 
-from cluster.bench.engines import DirectEngines, DirectEngineSpec
-from cluster.bench.loadgen import stream_one
-from cluster.bench.stats import latency_summary
-from cluster.bench.workload import ScheduledRequest
+from loadtest.bench.engines import DirectEngines, DirectEngineSpec
+from loadtest.bench.loadgen import stream_one
+from loadtest.bench.workload import ScheduledRequest
+from loadtest.measure.percentiles import latency_summary
 from cluster.config import ClusterConfig
 from cluster.hardware import cpu_flags, engine_dtype
 
@@ -56,15 +56,16 @@ def measure(url: str, model: str, name: str, batch: list[tuple[int, ...]], max_t
                 if rec.error:
                     raise RuntimeError(f"{name} request {i} failed: {rec.error}")
                 print(f"  {name} {'warmup' if i < warmup else 'request'} {i + 1}/{len(batch)}: "
-                      f"TTFT {rec.ttft_s * 1000:.1f} ms, ITL {rec.mean_itl_s * 1000:.1f} ms", flush=True)
+                      f"TTFT {rec.ttft_ms:.1f} ms, ITL {rec.mean_itl_ms:.1f} ms", flush=True)
                 if i >= warmup:
                     out.append(rec)
         return out
 
     records = asyncio.run(run())
-    ttft = [r.ttft_s * 1000 for r in records]
-    itl = [r.mean_itl_s * 1000 for r in records]
-    return {"ttft": latency_summary(ttft), "itl": latency_summary(itl), "ttft_ms": [round(v, 2) for v in ttft]}
+    ttft = [r.ttft_ms for r in records]
+    itl = [r.mean_itl_ms for r in records]
+    return {"ttft": latency_summary(ttft, digits=2), "itl": latency_summary(itl, digits=2),
+            "ttft_ms": [round(v, 2) for v in ttft]}
 
 
 def tree_pss_mib(root: psutil.Process) -> float:
@@ -168,7 +169,7 @@ def overhead(tandem: dict, direct: dict) -> dict:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--config", type=Path, default=Path(__file__).resolve().parents[1] / "configs" / "local.yaml")
+    parser.add_argument("--config", type=Path, default=Path(__file__).resolve().parents[2] / "cluster" / "configs" / "local.yaml")
     parser.add_argument("--requests", type=int, default=20, help="measured requests per prompt length and side")
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--short-prompt", type=int, default=128, help="tokens")
@@ -192,7 +193,7 @@ def main() -> int:
     direct = run_direct(cfg, cases, args)
     result = {
         "benchmark": "ttft_vs_direct",
-        "command": " ".join(["python -m cluster.bench.ttft_vs_direct", *sys.argv[1:]]),
+        "command": " ".join(["python -m loadtest.bench.ttft_vs_direct", *sys.argv[1:]]),
         "machine": {"cpus": os.cpu_count(), "processor": platform.processor() or platform.machine(),
                     "memory_gib": round(psutil.virtual_memory().total / (1 << 30), 1)},
         "model": cfg.model.served_name, "dtype": cfg.model.dtype,

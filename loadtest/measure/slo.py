@@ -1,14 +1,18 @@
-"""The SLO: percentile bounds on TTFT, ITL and end-to-end latency, a minimum per-stream
-decode rate and a maximum error rate, and the gate that checks a run against them.
+"""Service-level objectives over RequestRecords, asked two ways:
 
-In YAML (inside a load file, see loadtest/spec.py):
+- `SLO`: percentile bounds over a whole run (the load test's pass/fail gate). In YAML, inside
+  a load file (loadtest/spec.py), so a pydantic model:
 
-    slo:
-      ttft_ms: {p50: 300, p95: 800}     # upper bounds, milliseconds
-      itl_ms: {p95: 50}                 # every inter-token gap
-      e2e_ms: {p99: 20000}
-      tokens_per_s: {p50: 30}           # LOWER bounds: per-stream decode rate
-      max_error_rate: 0.01              # failed requests / all requests
+      slo:
+        ttft_ms: {p50: 300, p95: 800}     # upper bounds, milliseconds
+        itl_ms: {p95: 50}                 # every inter-token gap (RequestRecord.itl_ms)
+        e2e_ms: {p99: 20000}
+        tokens_per_s: {p50: 30}           # LOWER bounds: per-stream decode rate
+        max_error_rate: 0.01              # failed requests / all requests
+        min_requests: 5
+
+- `Objective`: bounds one request meets or misses (goodput counts the requests that meet
+  it: loadtest/bench/goodput.py). Made from command-line flags, so a frozen dataclass.
 """
 
 from __future__ import annotations
@@ -19,7 +23,8 @@ from typing import Optional
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from loadtest.stats import Samples, percentile
+from loadtest.measure.percentiles import percentile
+from loadtest.measure.record import RequestRecord, Samples
 
 _PCT = re.compile(r"^p(\d{1,2}(\.\d+)?|100)$")
 
@@ -67,7 +72,8 @@ class Verdict:
 
 
 def evaluate(slo: SLO, samples: Samples) -> list[Verdict]:
-    """Every bound of the SLO, checked against the run's exact samples (see loadtest/stats.py)."""
+    """Every bound of the SLO, checked against the run's exact samples (Locust's own
+    percentiles are bucketed: fine for its UI, not for a gate)."""
     verdicts: list[Verdict] = []
     ok_requests = samples.requests - samples.errors
     verdicts.append(Verdict(f"successful requests >= {slo.min_requests}", float(ok_requests),
@@ -88,3 +94,22 @@ def evaluate(slo: SLO, samples: Samples) -> list[Verdict]:
 
 def passed(verdicts: list[Verdict]) -> bool:
     return all(v.ok for v in verdicts)
+
+
+@dataclass(frozen=True)
+class Objective:
+    """What one request must meet (bounds inclusive): TTFT, its mean inter-token latency
+    and, optionally, every gap between its tokens: a stall (another request's prefill in the
+    same engine step) breaks that even when the mean stays low."""
+
+    ttft_ms: float
+    mean_itl_ms: float
+    max_gap_ms: Optional[float] = None
+
+    def met_by(self, r: RequestRecord) -> bool:
+        if not r.ok or r.ttft_ms is None or r.ttft_ms > self.ttft_ms:
+            return False
+        if self.max_gap_ms is not None and r.max_gap_ms > self.max_gap_ms:
+            return False
+        itl = r.mean_itl_ms
+        return itl is None or itl <= self.mean_itl_ms

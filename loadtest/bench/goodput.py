@@ -1,14 +1,14 @@
 """Goodput of tandem disaggregated vs colocated vLLM, side by side in one run, on the same
 machine and the same cores. Writes JSON and a PNG plot.
 
-    flock /tmp/tandem-cluster.lock .venv/bin/python -m cluster.bench.goodput [--model PATH] [--rates 0.5,1,1.5,2]
+    flock /tmp/tandem-cluster.lock .venv/bin/python -m loadtest.bench.goodput [--model PATH] [--rates 0.5,1,1.5,2]
 
 Systems, each started afresh and given the same two cores (or, with a GPU, two GPUs):
   tandem      1 prefill + 1 decode engine, one core each, through tandem's gateway
   colocated   two plain vLLM api_servers, one core each; the client round-robins requests
   single      one plain vLLM api_server on both cores
 Every engine gets the same model, dtype, max_num_seqs, max_num_batched_tokens and KV cache
-per core. Workload (cluster/bench/workload.py): a seeded Poisson mix of prefill-heavy and
+per core. Workload (loadtest/bench/workload.py): a seeded Poisson mix of prefill-heavy and
 decode-heavy streaming /v1/completions requests, open loop, the same trace per rate for every
 system. Goodput counts requests that meet the SLO (TTFT and mean inter-token latency); a
 second figure also bounds every gap between streamed tokens (no stall).
@@ -27,9 +27,10 @@ from pathlib import Path
 
 import psutil
 
-from cluster.bench.engines import DirectEngines, DirectEngineSpec
-from cluster.bench.loadgen import replay
-from cluster.bench.workload import SLO, Mix, RequestKind, ScheduledRequest, poisson_schedule, summarize
+from loadtest.bench.engines import DirectEngines, DirectEngineSpec
+from loadtest.bench.loadgen import replay
+from loadtest.bench.workload import Mix, RequestKind, ScheduledRequest, poisson_schedule, summarize
+from loadtest.measure.slo import Objective
 from cluster.config import ClusterConfig
 from cluster.hardware import cpu_flags, engine_dtype
 
@@ -106,7 +107,8 @@ def warm_up(urls: list[str], model: str, mix: Mix) -> None:
             i += 1
 
 
-def serve_rates(system: str, urls: list[str], args, mix: Mix, slo: SLO, strict: SLO, cores: int) -> list[dict]:
+def serve_rates(system: str, urls: list[str], args, mix: Mix, slo: Objective, strict: Objective,
+                cores: int) -> list[dict]:
     out = []
     for rate in args.rates:
         schedule = poisson_schedule(mix, rate, args.duration, args.seed)
@@ -126,15 +128,18 @@ def serve_rates(system: str, urls: list[str], args, mix: Mix, slo: SLO, strict: 
         errors = sorted({r.error for r in records if r.error})
         out.append({"rate_rps": rate, "offered_rps": round(len(schedule) / args.duration, 3), **summary,
                     "error_kinds": errors[:5],
-                    "records": [{"kind": r.kind, "ttft_ms": r.ttft_s and round(r.ttft_s * 1000, 1),
-                                 "mean_itl_ms": r.mean_itl_s and round(r.mean_itl_s * 1000, 2),
-                                 "max_gap_ms": round(max(r.chunk_gaps_s, default=0) * 1000, 1),
-                                 "tokens": r.output_tokens, "error": r.error} for r in records]})
+                    "records": [{"kind": r.workload, "ttft_ms": _round(r.ttft_ms, 1),
+                                 "mean_itl_ms": _round(r.mean_itl_ms, 2), "max_gap_ms": round(r.max_gap_ms, 1),
+                                 "tokens": r.output_tokens, "error": r.error or None} for r in records]})
         time.sleep(2)  # the engines finish aborting what the drain cut off
     return out
 
 
-def run_system(system: str, args, mix: Mix, slo: SLO, strict: SLO, gpu: bool) -> dict:
+def _round(v, digits: int):
+    return None if v is None else round(v, digits)
+
+
+def run_system(system: str, args, mix: Mix, slo: Objective, strict: Objective, gpu: bool) -> dict:
     cores = 2
     t0 = time.monotonic()
     if system == "tandem":
@@ -257,11 +262,11 @@ def main(argv=None) -> int:
     args.dtype = engine_dtype(args.dtype, gpu, cpu_flags())  # one concrete dtype for every system
     mix = Mix(RequestKind("prefill-heavy", args.long_prompt, args.long_output),
               RequestKind("decode-heavy", args.short_prompt, args.short_output), args.prefill_share)
-    slo = SLO(args.ttft_slo, args.itl_slo)
-    strict = SLO(args.ttft_slo, args.itl_slo, args.max_gap_slo)
+    slo = Objective(args.ttft_slo * 1000, args.itl_slo * 1000)
+    strict = Objective(args.ttft_slo * 1000, args.itl_slo * 1000, args.max_gap_slo * 1000)
     result = {
         "benchmark": "goodput",
-        "command": " ".join(["python -m cluster.bench.goodput", *(argv if argv is not None else sys.argv[1:])]),
+        "command": " ".join(["python -m loadtest.bench.goodput", *(argv if argv is not None else sys.argv[1:])]),
         "machine": {"cpus": os.cpu_count(), "processor": platform.processor() or platform.machine(),
                     "memory_gib": round(psutil.virtual_memory().total / (1 << 30), 1), "gpu": gpu},
         "model": args.model.name, "dtype": args.dtype,
@@ -272,8 +277,8 @@ def main(argv=None) -> int:
                      "kinds": {"prefill-heavy": [args.long_prompt, args.long_output],
                                "decode-heavy": [args.short_prompt, args.short_output]},
                      "api": "/v1/completions, streaming, random token-id prompts, ignore_eos"},
-        "slo": {"ttft_s": slo.ttft_s, "itl_s": slo.itl_s, "itl_is": "per-request mean inter-token latency",
-                "max_gap_s": strict.max_gap_s,
+        "slo": {"ttft_s": args.ttft_slo, "itl_s": args.itl_slo, "itl_is": "per-request mean inter-token latency",
+                "max_gap_s": args.max_gap_slo,
                 "max_gap_is": "bound on every gap between streamed tokens, for the *_max_gap goodput only"},
         "systems": {},
     }

@@ -1,7 +1,7 @@
 """KV-aware vs round-robin vs random routing on a multi-tenant shared-prefix workload, side by
 side in one run. Writes JSON and a PNG plot.
 
-    flock /tmp/tandem-cluster.lock .venv/bin/python -m router.routing.tenant_bench [--requests 48] [--rate 1.0]
+    flock /tmp/tandem-cluster.lock .venv/bin/python -m loadtest.bench.routing [--requests 48] [--rate 1.0]
 
 Workload: several tenants, each with its own long system prompt (several 128-token blocks:
 vLLM on CPU caches whole 128-token blocks), followed by a short, unique user turn; the
@@ -36,9 +36,10 @@ from pathlib import Path
 import httpx
 import psutil
 
-from cluster.bench.stats import latency_summary
 from cluster.config import ClusterConfig
 from cluster.local import LocalCluster
+from loadtest.measure.percentiles import latency_summary
+from loadtest.measure.sse import stream_async
 
 ROOT = Path(__file__).resolve().parents[2]
 MODEL_DIR = ROOT / ".tandem" / "models" / "SmolLM2-135M-Instruct"
@@ -135,17 +136,10 @@ def prefill_counters() -> dict[str, tuple[float, float]]:
 async def send(client: httpx.AsyncClient, url: str, model: str, prompt, max_tokens: int) -> float:
     """TTFT in ms: request sent → first streamed chunk carrying a token."""
     body = {"model": model, "prompt": list(prompt), "max_tokens": max_tokens, "temperature": 0, "stream": True}
-    t0 = time.perf_counter()
-    first = None
-    async with client.stream("POST", f"{url}/v1/completions", json=body) as resp:
-        if resp.status_code != 200:
-            raise RuntimeError(f"HTTP {resp.status_code}: {(await resp.aread())[:300]!r}")
-        async for line in resp.aiter_lines():
-            if first is None and line.startswith("data: {") and '"choices"' in line:
-                first = time.perf_counter() - t0
-    if first is None:
-        raise RuntimeError("stream ended without a token")
-    return first * 1000
+    record, _ = await stream_async(client, f"{url}/v1/completions", body)
+    if not record.ok:
+        raise RuntimeError(record.error)
+    return record.ttft_ms
 
 
 async def replay(url: str, model: str, trace: list[Request], max_tokens: int) -> tuple[list[float], list[str]]:
@@ -249,8 +243,8 @@ def main() -> int:
         cfg = cluster_config(MODES[name], args.kv_cache_mib << 20, args.port)
         modes[name] = run_mode(name, cfg, trace, args.max_tokens, args.seed)
     result = {
-        "benchmark": "tenant_bench",
-        "command": " ".join(shlex.quote(a) for a in [Path(sys.executable).name, "-m", "router.routing.tenant_bench", *sys.argv[1:]]),
+        "benchmark": "routing",
+        "command": " ".join(shlex.quote(a) for a in [Path(sys.executable).name, "-m", "loadtest.bench.routing", *sys.argv[1:]]),
         "machine": {"cpus": os.cpu_count(), "processor": platform.processor() or platform.machine(),
                     "memory_gib": round(psutil.virtual_memory().total / (1 << 30), 1),
                     "load_avg_at_end": [round(x, 2) for x in os.getloadavg()]},
@@ -274,14 +268,14 @@ def main() -> int:
             "hit_rate_within_5pct_of_best_met": kv["hit_rate"] >= 0.95 * best,
         }
     args.out.mkdir(parents=True, exist_ok=True)
-    path = args.out / "tenant_bench.json"
+    path = args.out / "routing.json"
     path.write_text(json.dumps(result, indent=2))
-    plot(result, args.out / "tenant_bench.png")
+    plot(result, args.out / "routing.png")
     print(json.dumps({k: v for k, v in result.items() if k != "modes"}, indent=2))
     for name, m in modes.items():
         print(f"{name:12s} hit rate {m['hit_rate']}  TTFT p50 {m['ttft'].get('p50_ms')} ms  p90 {m['ttft'].get('p90_ms')} ms"
               f"  errors {len(m['errors'])}")
-    print(f"wrote {path} and {args.out / 'tenant_bench.png'}")
+    print(f"wrote {path} and {args.out / 'routing.png'}")
     return 0
 
 

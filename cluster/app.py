@@ -7,10 +7,7 @@ from ray.serve.config import RequestRouterConfig
 
 from cluster.autoscaling.serve_policy import serve_autoscaling_config
 from cluster.config import AdmissionConfig, ClusterConfig, PoolConfig, SLOConfig
-from cluster.types import APP_NAME, PoolId, TierPools, deployment_name
-
-# APP_NAME and deployment_name live in cluster/types.py; named here for the benchmarks that import them from the app.
-__all__ = ["APP_NAME", "build_app", "deployment_name", "max_queued_requests"]
+from cluster.types import PoolId, TierPools
 
 
 def _actor_options(pool: PoolConfig) -> dict:

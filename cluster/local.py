@@ -123,7 +123,8 @@ class LocalCluster:
         import ray
         from ray import serve
 
-        from cluster.app import APP_NAME, build_app
+        from cluster.app import build_app
+        from cluster.types import APP_NAME
 
         if not ray.is_initialized():
             if local:

@@ -40,11 +40,6 @@ class PoolId:
         return f"{self.deployment_name}-{replica_id}"
 
 
-def deployment_name(tier: str, role: str) -> str:
-    """Serve deployment name of a pool (PoolId.deployment_name)."""
-    return PoolId(tier, role).deployment_name  # type: ignore[arg-type]
-
-
 @dataclass(frozen=True)
 class TierPools:
     """The two pools of one tier, as Ray Serve handles (bound applications at build time, which

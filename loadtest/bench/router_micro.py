@@ -81,7 +81,7 @@ def main() -> None:
     async def run() -> list[float]:
         out = []
         for i in range(args.decisions):
-            req = EngineRequest(f"r{i}", tuple(prompts[i % len(prompts)]), SamplingParams(max_tokens=1))
+            req = EngineRequest(f"r{i}", tuple(prompts[i % len(prompts)]), SamplingParams(max_tokens=1), tier="interactive")
             t = time.perf_counter()
             await router.route(req, "interactive")
             out.append(time.perf_counter() - t)

@@ -91,9 +91,9 @@ def replica_memory_mib() -> dict[str, float]:
 def decode_stats(cfg: ClusterConfig):
     from ray import serve
 
-    from cluster.app import deployment_name
+    from cluster.types import APP_NAME, PoolId
 
-    handle = serve.get_deployment_handle(deployment_name(cfg.default_tier, "decode"), app_name="tandem")
+    handle = serve.get_deployment_handle(PoolId(cfg.default_tier, "decode").deployment_name, app_name=APP_NAME)
     return handle.stats.remote().result()
 
 

@@ -3,14 +3,14 @@ dict boundary (the replica sends to_dict(), the gateway's Serve router parses fr
 
 from __future__ import annotations
 
-from cluster.types import APP_NAME, PoolId, RoutingStats, TierPools, deployment_name
+from cluster.types import APP_NAME, PoolId, RoutingStats, TierPools
 from router.routing.directory import ReplicaInfo, directory_of, pool_directory
 from router.routing.service import worker_from
 
 
 def test_a_pool_is_named_in_one_place():
     pool = PoolId("interactive", "prefill")
-    assert pool.deployment_name == deployment_name("interactive", "prefill") == "interactive-prefill"
+    assert pool.deployment_name == "interactive-prefill"
     assert pool.worker_id("abc123") == "interactive-prefill-abc123"
     # The gateway's KVRouter and Serve's router (which knows only Serve's names) meet in one directory.
     assert pool_directory(pool) is directory_of(APP_NAME, "interactive-prefill")

@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Optional
+
 from ray.serve import Application
 from ray.serve.config import RequestRouterConfig
 
 from cluster.autoscaling.serve_policy import serve_autoscaling_config
 from cluster.config import AdmissionConfig, ClusterConfig, PoolConfig, SLOConfig
 from cluster.protocol import TierPools
+
+if TYPE_CHECKING:
+    from cluster.engine.replica import EngineFactory
 
 APP_NAME = "tandem"
 
@@ -55,16 +60,22 @@ def max_queued_requests(admission: AdmissionConfig) -> int:
     return admission.max_running + 16
 
 
-def build_app(cfg: ClusterConfig) -> Application:
+def build_app(cfg: ClusterConfig, engine_cls: Optional["EngineFactory"] = None) -> Application:
+    """The application; `engine_cls` makes each replica's engine from its spec (None: the
+    real VLLMEngine; tests/serve/ passes cluster.engine.fake.FakeEngine)."""
     # Imported here so `tandem --help` and config validation stay fast and Ray-free.
     from decode_workers.deployment import DecodeWorker
     from prefill_workers.deployment import PrefillWorker
     from router.gateway import Gateway
 
+    if engine_cls is None:
+        from cluster.engine.vllm import VLLMEngine
+
+        engine_cls = VLLMEngine
     pools = {
         tier: TierPools(
-            prefill=PrefillWorker.options(name=deployment_name(tier, "prefill"), **_pool_options(t.prefill, "prefill", t.slo, t.admission)).bind(cfg, tier),
-            decode=DecodeWorker.options(name=deployment_name(tier, "decode"), **_pool_options(t.decode, "decode", t.slo, t.admission)).bind(cfg, tier),
+            prefill=PrefillWorker.options(name=deployment_name(tier, "prefill"), **_pool_options(t.prefill, "prefill", t.slo, t.admission)).bind(cfg, tier, engine_cls),
+            decode=DecodeWorker.options(name=deployment_name(tier, "decode"), **_pool_options(t.decode, "decode", t.slo, t.admission)).bind(cfg, tier, engine_cls),
         )
         for tier, t in cfg.tiers.items()
     }

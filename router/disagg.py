@@ -177,8 +177,9 @@ class DisaggregatedBackend:
                 raise RuntimeError(f"the prefill engine ended the request with {ended!r}")
             prompt_logprobs = result.prompt_logprobs
             if ended is None:  # else: the answer ended on token 1
-                handoff = Handoff.from_prefill(self.model_id, result.kv_transfer_params,
-                                                   getattr(result, "lease_deadline", None))
+                handoff = result.handoff  # the prefill replica's, stamped; decode checks it
+                if handoff is None:
+                    raise HandoffMismatch("the prefill replica returned no handoff")
         except asyncio.TimeoutError:
             reason = "prefill_timeout"
             self._abort_later(request.request_id, "prefill")

@@ -17,7 +17,7 @@ import logging
 from ray import serve
 
 from cluster.config import ClusterConfig
-from cluster.engine import structured_outputs_config
+from cluster.engine.vllm import structured_outputs_config
 from cluster.protocol import TierPools
 from cluster.serve_patch import bind_replica_grpc_on_node_address
 from cluster.hardware import engine_dtype_here

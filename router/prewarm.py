@@ -23,7 +23,6 @@ import uuid
 from typing import Any, Callable, Mapping, Optional
 
 from cluster.protocol import EngineRequest, TierPools
-from kv_transfer.handoff import Handoff
 from router.routing.types import Pick, Worker
 
 log = logging.getLogger(__name__)
@@ -108,7 +107,7 @@ class HandshakeWarmer:
                                 _warm_sampling(), tier=tier)
         with self._router.dispatch(Pick(prefill, 1.0, {}), request.request_id):
             result = await asyncio.wait_for(pools.prefill.prefill.remote(request, False), HOP_TIMEOUT_S)
-        handoff = Handoff.from_prefill(self._model_id, result.kv_transfer_params)
+        handoff = result.handoff  # made and stamped by the prefill replica
 
         async def drain() -> None:
             with self._router.dispatch(Pick(decode, 1.0, {}), request.request_id):

@@ -21,7 +21,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from cluster.engine import CPU_ENGINE_NICENESS
+from cluster.engine.vllm import CPU_ENGINE_NICENESS
 from cluster.vllm_plugin import ENGINE_NICE
 from tests.conftest import TEST_STATE
 

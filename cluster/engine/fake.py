@@ -14,8 +14,8 @@ Behaviour:
   A failed pull is counted and recomputed, as vLLM's kv_load_failure_policy=recompute does.
 - Counters: the same vLLM metric names VLLMEngine reads (metrics.py), so stats, the metrics
   exporter, the autoscaling signals and the routing stats work unchanged; `stats()` adds the
-  request ids seen, pulled, recomputed and aborted (FakeEngineStats), so a test tells which
-  replica did what.
+  request ids seen, pulled, recomputed, aborted and cancelled (FakeEngineStats), so a test
+  tells which replica did what.
 - Knobs (FakeKnobs): latency (start, prefill, per token) and failures (prefill raises, pull
   fails, engine dead). Engine-wide from the constructor (functools.partial(FakeEngine,
   knobs=...) as the app's engine_cls), or per request from the request's
@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import importlib
 import json
 import time
 from collections import deque
@@ -62,6 +63,7 @@ class FakeEngineStats(EngineStats):
     pulled: tuple[str, ...] = ()  # generated with a handoff's KV pulled
     recomputed: tuple[str, ...] = ()  # generated with the prompt computed here
     aborted: tuple[str, ...] = ()  # abort(request_id) calls, known ids or not
+    cancelled: tuple[str, ...] = ()  # generate streams closed before their last token, without an abort
 
 
 def fake_tokens(seq: list[int], n: int, vocab_size: int) -> list[int]:
@@ -91,12 +93,17 @@ class FakeEngine(Engine):
         self._vocab = _vocab_size(spec)
         self._values: Readings = {}
         self._running: dict[str, asyncio.Event] = {}  # request id → set on abort
-        self._ids = {name: deque(maxlen=RECENT) for name in ("seen", "pulled", "recomputed", "aborted")}
+        self._ids = {name: deque(maxlen=RECENT) for name in ("seen", "pulled", "recomputed", "aborted", "cancelled")}
         self._closed = False
 
     # -- lifecycle -------------------------------------------------------------------------
 
     def start(self) -> EngineInfo:
+        # vLLM's output types, imported now as VLLMEngine's start imports vLLM: a replica that
+        # imports vLLM on its first request holds its event loop (and Serve's queue-length
+        # probes, so Serve routes around it) for seconds.
+        importlib.import_module("vllm.outputs")
+
         time.sleep(self.knobs.start_s)
         block = self.spec.engine.block_size or 16
         cache = CacheLayout(block_size=block, hash_algo="sha256", hash_seed="fake")
@@ -171,6 +178,7 @@ class FakeEngine(Engine):
         aborted = self._running.setdefault(rid, asyncio.Event())
         self._set_running()
         started = last = time.perf_counter()
+        done = False
         try:
             limit = request.sampling.max_tokens or 16
             for i in range(limit):
@@ -198,7 +206,9 @@ class FakeEngine(Engine):
                 if done:
                     self._add(("vllm:request_success_total", None))
                 yield self._output(rid, [token], "length" if done else None)
-        finally:
+        finally:  # also when the caller closes the stream early (the client left)
+            if not done and not aborted.is_set():
+                self._ids["cancelled"].append(rid)
             self._running.pop(rid, None)
             self._set_running()
 

@@ -30,7 +30,8 @@ import pytest
 from tests.conftest import TEST_STATE
 
 MODEL_NAME = "tiny-llama"
-DECODE_REPLICAS = 2  # two, so pinning (aborts, n > 1 samples) is observable
+DECODE_REPLICAS = 2  # two, so pinning (n > 1 samples, where a stream runs) is observable
+PREFILL_TIMEOUT_S = 2.0  # short: the prefill-timeout test waits it out
 HERE = Path(__file__).resolve().parent
 
 
@@ -54,7 +55,7 @@ def serve_config(model_dir: Path, gateway_port: int, metrics_port: int):
         "gateway": {"host": "127.0.0.1", "port": gateway_port},
         "tiers": {"interactive": {"prefill": {"replicas": 1, **pool},
                                   "decode": {"replicas": DECODE_REPLICAS, **pool}}},
-        "kv_transfer": {"prefill_timeout_s": 5},
+        "kv_transfer": {"prefill_timeout_s": PREFILL_TIMEOUT_S},
         "routing": {"disaggregation": "always"},  # every request takes the P/D path
         "ray": {"num_cpus": 2, "metrics_export_port": metrics_port},
     })
@@ -129,7 +130,8 @@ def replica_stats(pool: str, replicas: int) -> dict:
 
     handle = serve.get_deployment_handle(deployment_name("interactive", pool), app_name=APP_NAME)
     seen: dict = {}
-    for _ in range(200):
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
         stats = handle.stats.remote().result()
         seen[stats.worker_id] = stats
         if len(seen) == replicas:

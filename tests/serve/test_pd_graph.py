@@ -10,7 +10,9 @@ import httpx
 import pytest
 
 from cluster.engine.fake import fake_tokens
-from tests.serve.conftest import DECODE_REPLICAS, MODEL_NAME, replica_stats
+from tests.serve.conftest import DECODE_REPLICAS, MODEL_NAME, PREFILL_TIMEOUT_S, replica_stats
+
+pytestmark = pytest.mark.serve
 
 PROMPT = [17, 42, 99, 7, 250, 31, 64, 12, 88, 140, 23, 5, 77, 190, 46, 61, 33]  # 17 ids: 1 full block + 1
 
@@ -79,28 +81,40 @@ def test_n_samples_are_pinned_to_the_one_routed_decode_replica(graph):
     assert sorted(i.rsplit("-s", 1)[1] for i in new[holders[0]]) == ["0", "1", "2"]
 
 
-def test_a_client_that_leaves_gets_its_request_aborted_on_the_replica_running_it(graph):
+def test_a_client_that_leaves_stops_its_stream_on_the_replica_running_it(graph):
     seen_before = _ids("seen", "decode", DECODE_REPLICAS)
     body = {"model": MODEL_NAME, "prompt": PROMPT, "max_tokens": 200, "temperature": 0, "stream": True,
-            "vllm_xargs": {"fake_token_s": 0.1}}  # 20 s if never aborted
+            "vllm_xargs": {"fake_token_s": 0.1}}  # 20 s if never stopped
     with httpx.stream("POST", f"{graph.url}/v1/completions", json=body, timeout=30) as r:
         assert r.status_code == 200
+        chunks = 0
         for line in r.iter_lines():
-            if line.startswith("data: {"):
-                break  # the first token arrived: leave
+            chunks += line.startswith("data: {")
+            if chunks == 2:  # the prefill's first token, then decode's: decode runs it; leave
+                break
+    seen = _new(_ids("seen", "decode", DECODE_REPLICAS), seen_before)
+    (rid,) = set().union(*seen.values())
+    (holder,) = [w for w, ids in seen.items() if rid in ids]
     deadline = time.monotonic() + 10
-    while True:
-        seen = _new(_ids("seen", "decode", DECODE_REPLICAS), seen_before)
-        aborted = _ids("aborted", "decode", DECODE_REPLICAS)
-        (rid,) = set().union(*seen.values())
-        holder = next(w for w, ids in seen.items() if rid in ids)
-        if rid in aborted[holder] or time.monotonic() > deadline:
-            break
+    while rid not in _ids("cancelled", "decode", DECODE_REPLICAS)[holder] and time.monotonic() < deadline:
         time.sleep(0.2)
-    assert rid in aborted[holder]  # the abort went where the request runs ...
-    assert all(rid not in ids for w, ids in aborted.items() if w != holder)  # ... and nowhere else
-    running = replica_stats("decode", DECODE_REPLICAS)[holder].requests_running
-    assert running == 0
+    stats = replica_stats("decode", DECODE_REPLICAS)[holder]
+    assert rid in stats.cancelled and stats.requests_running == 0  # stopped where it ran, long before 20 s
+
+
+def test_a_prefill_past_its_timeout_is_aborted_on_its_replica_and_decode_recomputes(graph):
+    prefill_before = _ids("seen", "prefill", 1)
+    recomputed_before = _ids("recomputed", "decode", DECODE_REPLICAS)
+    started = time.monotonic()
+    answer = _complete(graph, vllm_xargs={"fake_prefill_s": PREFILL_TIMEOUT_S + 1.5})
+    assert PREFILL_TIMEOUT_S <= time.monotonic() - started < PREFILL_TIMEOUT_S + 1.5  # not waited out
+    assert answer["choices"][0]["text"] == _expected_text(graph)
+    (rid,) = set().union(*_new(_ids("seen", "prefill", 1), prefill_before).values())
+    deadline = time.monotonic() + 10
+    while rid not in set().union(*_ids("aborted", "prefill", 1).values()) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert rid in set().union(*_ids("aborted", "prefill", 1).values())  # the abort reached the prefill replica
+    assert rid in set().union(*_new(_ids("recomputed", "decode", DECODE_REPLICAS), recomputed_before).values())
 
 
 @pytest.mark.parametrize("route", ["/v1/models", "/health"])
@@ -110,4 +124,4 @@ def test_the_gateway_answers_its_own_routes(graph, route):
     if route == "/v1/models":
         assert [m["id"] for m in r.json()["data"]] == [MODEL_NAME]
     else:
-        assert r.json()["ready"] is True
+        assert r.json()["pools"] == {"interactive-prefill": "ready", "interactive-decode": "ready"}

@@ -105,7 +105,15 @@ def test_an_abort_ends_the_stream_and_is_recorded():
 
     assert len(asyncio.run(run())) == 2
     stats = decode.stats()
-    assert stats.aborted == ("r",) and stats.requests_running == 0
+    assert stats.aborted == ("r",) and stats.requests_running == 0 and stats.cancelled == ()
+
+    async def leave_early():
+        stream = decode.generate(_request("c", max_tokens=1000), None)
+        await stream.__anext__()
+        await stream.aclose()  # the caller went away: no abort, the stream closed
+
+    asyncio.run(leave_early())
+    assert decode.stats().cancelled == ("c",) and decode.stats().requests_running == 0
 
 
 def test_the_replica_hooks_read_the_fake_engines_counters():

@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Optional
+
 from ray.serve import Application
 from ray.serve.config import RequestRouterConfig
 
 from cluster.autoscaling.serve_policy import serve_autoscaling_config
 from cluster.config import AdmissionConfig, ClusterConfig, PoolConfig, SLOConfig
 from cluster.types import PoolId, TierPools
+
+if TYPE_CHECKING:
+    from cluster.engine.replica import EngineFactory
 
 
 def _actor_options(pool: PoolConfig) -> dict:
@@ -53,7 +58,9 @@ def max_queued_requests(admission: AdmissionConfig) -> int:
     return admission.max_running + 16
 
 
-def build_app(cfg: ClusterConfig) -> Application:
+def build_app(cfg: ClusterConfig, engine_cls: Optional["EngineFactory"] = None) -> Application:
+    """The application; `engine_cls` makes each replica's engine from its spec (None: the
+    real VLLMEngine; tests/serve/ passes cluster.engine.fake.FakeEngine)."""
     # Imported here, not at the top, only to keep this module light: the deployments and the
     # gateway import vLLM (seconds), and unit tests of the pool options import this module
     # without it. No import circle depends on it (tests/unit/test_import_graph.py).
@@ -61,10 +68,15 @@ def build_app(cfg: ClusterConfig) -> Application:
     from prefill_workers.deployment import PrefillWorker
     from router.gateway import Gateway
 
+    if engine_cls is None:
+        from cluster.engine.vllm import VLLMEngine
+
+        engine_cls = VLLMEngine
+
     def bound(deployment, tier: str, role: str, pool: PoolConfig):
         t = cfg.tiers[tier]
         options = _pool_options(pool, role, t.slo, t.admission)
-        return deployment.options(name=PoolId(tier, role).deployment_name, **options).bind(cfg, tier)
+        return deployment.options(name=PoolId(tier, role).deployment_name, **options).bind(cfg, tier, engine_cls)
 
     pools = {
         tier: TierPools(prefill=bound(PrefillWorker, tier, "prefill", t.prefill),

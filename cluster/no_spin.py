@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import os
 
 log = logging.getLogger("vllm.tandem_no_spin")
 ENV_FLAG = "TANDEM_NO_SPIN"

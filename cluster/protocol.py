@@ -17,6 +17,8 @@ if TYPE_CHECKING:  # the gateway and workers import vLLM; this module stays ligh
     from vllm import SamplingParams
     from vllm.outputs import RequestOutput
 
+    from kv_transfer.handoff import Handoff
+
 
 class InvalidEngineRequest(ValueError):
     """An engine refused the request itself (vLLM's own checks, e.g. a regex its structured-
@@ -52,9 +54,10 @@ class PrefillResult:
     first: Optional["RequestOutput"] = None
     # The prompt's logprobs when the request asked for them: computed where the prompt is.
     prompt_logprobs: Optional[list] = None
-    # When the prefill engine's lease on the blocks ends (wall clock, minus a margin; see
-    # kv_transfer/handoff.py); None: unknown.
-    lease_deadline: Optional[float] = None
+    # kv_transfer_params in the envelope decode checks, stamped by the prefill replica with its
+    # engine's identity and lease deadline (kv_transfer/handoff.py); the gateway carries it
+    # unopened. None: nothing to hand over (the answer ended on its first token).
+    handoff: Optional["Handoff"] = None
 
 
 def new_token_ids(output: "RequestOutput") -> Sequence[int]:

@@ -1,5 +1,6 @@
-"""The decode pool: a real vLLM engine as NIXL consumer. It pulls the prompt's KV from the
-prefill engine named in the handoff (or computes it itself when there is none) and streams
+"""The decode pool: an engine (VLLMEngine in the app) as NIXL consumer. It checks the
+prefill's Handoff against its own engine, pulls the prompt's KV from the prefill engine named
+in it (or computes the prompt itself when there is none, or it does not fit) and streams
 tokens with continuous batching."""
 
 from __future__ import annotations
@@ -10,11 +11,10 @@ from typing import Any, AsyncIterator, Optional
 from ray import serve
 
 from cluster.config import ClusterConfig
-from cluster.engine import VLLMEngine
 from cluster.coalesce import coalesced
+from cluster.engine.replica import EngineFactory, EngineReplica, build_engine_spec
 from cluster.serve_patch import bind_replica_grpc_on_node_address
 from cluster.protocol import EngineRequest, merge_outputs
-from cluster.worker import EngineReplica, build_engine_spec
 from cluster.metrics import Counter
 from kv_transfer.handoff import Handoff, HandoffExpired, HandoffMismatch
 
@@ -29,25 +29,30 @@ HANDOFFS_EXPIRED = Counter(
 
 @serve.deployment(name="DecodeWorker")
 class DecodeWorker(EngineReplica):
-    def __init__(self, cfg: ClusterConfig, tier: str):
+    def __init__(self, cfg: ClusterConfig, tier: str, engine_cls: EngineFactory):
         bind_replica_grpc_on_node_address()
-        self.model = cfg.model.served_name
         self.tier = tier
-        self.engine = VLLMEngine(build_engine_spec(cfg, tier, "kv_consumer"))
-        self.export_metrics(tier)
+        self.start_engine(engine_cls(build_engine_spec(cfg, tier, "kv_consumer")), tier)
+
+    def kv_params(self, request: EngineRequest, handoff: Optional[Handoff]) -> Optional[dict[str, Any]]:
+        """vLLM's kv_transfer_params from the handoff, when this engine can pull them; None:
+        compute the prompt here."""
+        if handoff is None:
+            return None
+        try:
+            return handoff.decode_params(self.info.identity)
+        except HandoffMismatch as exc:
+            # Fail fast on an incompatible peer: compute the prompt here instead.
+            log.warning("request %s: %s (from %s); recomputing locally", request.request_id, exc,
+                        handoff.producer_id or "?")
+        except HandoffExpired as exc:
+            # Its blocks may hold another request's KV by now: never pull them.
+            HANDOFFS_EXPIRED.labels(tier=self.tier).inc()
+            log.warning("request %s: %s; recomputing locally", request.request_id, exc)
+        return None
 
     async def generate(self, request: EngineRequest, handoff: Optional[Handoff]) -> AsyncIterator[Any]:
-        params = None
-        if handoff is not None:
-            try:
-                params = handoff.decode_params(self.model)
-            except HandoffMismatch as exc:
-                # Fail fast on an incompatible peer: compute the prompt here instead.
-                log.warning("request %s: %s; recomputing locally", request.request_id, exc)
-            except HandoffExpired as exc:
-                # Its blocks may hold another request's KV by now: never pull them.
-                HANDOFFS_EXPIRED.labels(tier=self.tier).inc()
-                log.warning("request %s: %s; recomputing locally", request.request_id, exc)
+        params = self.kv_params(request, handoff)
         # Tokens that pile up while the gateway is busy go out as one Ray item (cluster/coalesce.py).
-        async for chunk in coalesced(self.engine.decode(request, params), merge_outputs):
+        async for chunk in coalesced(self.engine.generate(request, params), merge_outputs):
             yield chunk

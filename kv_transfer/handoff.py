@@ -1,12 +1,19 @@
 """The prefill → decode handoff contract.
 
 A prefill engine answers a request with vLLM's `kv_transfer_params` (engine id, block ids,
-side-channel host and port). We wrap them in a versioned envelope stamped with the model, so a
-decode worker refuses params from an incompatible peer at once (and the gateway recomputes)
-instead of pulling the wrong bytes or waiting on a handshake that cannot succeed.
+side-channel host and port). The prefill replica wraps them in a versioned envelope stamped
+with its own engine's identity (model, dtypes, block size: what both ends of a KV pull must
+agree on), so a decode worker refuses params from an incompatible peer at once (and computes
+the prompt itself) instead of pulling the wrong bytes or waiting on a handshake that cannot
+succeed. The gateway carries the Handoff unopened.
 
-Call order: `prefill_request_params()` goes into the prefill request; its result becomes a
-`Handoff` via `Handoff.from_prefill(...)`; the decode side calls `handoff.decode_params(model)`.
+Call order (each step in its own process):
+1. prefill replica: `prefill_request_params()` goes into the engine's prefill request; the
+   engine's answer becomes a `Handoff` via `Handoff.from_prefill(engine identity, params,
+   lease_deadline())` (prefill_workers/deployment.py);
+2. gateway: passes it to the decode hop as is (router/disagg.py);
+3. decode replica: `handoff.decode_params(its own engine identity)` → the params for vLLM, or
+   HandoffMismatch / HandoffExpired: recompute (decode_workers/deployment.py).
 
 The lease. The prefill engine keeps the prompt's blocks for KV_LEASE_S after the prefill ends
 (vLLM's NIXL `kv_lease_duration`; the decode engine's heartbeats extend it once it has taken
@@ -30,7 +37,25 @@ LEASE_MARGIN_S = 8.0  # clock skew between nodes + decode's first heartbeat (lea
 
 
 class HandoffMismatch(ValueError):
-    """The handoff came from an incompatible peer (version or model differs)."""
+    """The handoff came from an incompatible peer (version, model, dtype or block size differs)."""
+
+
+@dataclass(frozen=True)
+class EngineIdentity:
+    """What two engines must share for one to pull the other's KV blocks byte for byte."""
+
+    model: str
+    dtype: str
+    kv_cache_dtype: str
+    block_size: int
+
+    def mismatch(self, other: "EngineIdentity") -> Optional[str]:
+        """None when `other` (the consumer) can pull this producer's blocks; else why not."""
+        for name in ("model", "dtype", "kv_cache_dtype", "block_size"):
+            mine, theirs = getattr(self, name), getattr(other, name)
+            if mine != theirs:
+                return f"handoff from a prefill engine with {name} {mine!r}, this worker has {theirs!r}"
+        return None
 
 
 class HandoffExpired(ValueError):
@@ -51,26 +76,31 @@ def prefill_request_params() -> dict[str, Any]:
 @dataclass(frozen=True)
 class Handoff:
     version: int
-    model: str
+    producer: EngineIdentity  # the prefill engine's, stamped by the prefill replica
     params: dict[str, Any]
     # Wall-clock (time.time()) deadline of the prefill's lease; None: unknown (no check).
     lease_deadline: Optional[float] = None
+    producer_id: str = ""  # the prefill engine's worker id, for logs
 
     @classmethod
-    def from_prefill(cls, model: str, params: dict[str, Any] | None,
-                     lease_deadline: Optional[float] = None) -> "Handoff":
+    def from_prefill(cls, producer: EngineIdentity, params: dict[str, Any] | None,
+                     lease_deadline: Optional[float] = None, producer_id: str = "") -> "Handoff":
         if not params or not params.get("do_remote_prefill"):
             raise HandoffMismatch(
                 "prefill engine returned no remote-prefill kv_transfer_params; "
                 "is it configured with kv_role=kv_producer?"
             )
-        return cls(version=HANDOFF_VERSION, model=model, params=dict(params), lease_deadline=lease_deadline)
+        return cls(version=HANDOFF_VERSION, producer=producer, params=dict(params),
+                   lease_deadline=lease_deadline, producer_id=producer_id)
 
-    def decode_params(self, model: str, now: Optional[float] = None) -> dict[str, Any]:
+    def decode_params(self, consumer: EngineIdentity, now: Optional[float] = None) -> dict[str, Any]:
+        """The params for the consumer's engine, checked against it (raises HandoffMismatch,
+        HandoffExpired)."""
         if self.version != HANDOFF_VERSION:
             raise HandoffMismatch(f"handoff version {self.version}, this worker speaks {HANDOFF_VERSION}")
-        if self.model != model:
-            raise HandoffMismatch(f"handoff for model {self.model!r}, this worker serves {model!r}")
+        why = self.producer.mismatch(consumer)
+        if why is not None:
+            raise HandoffMismatch(why)
         now = time.time() if now is None else now
         if self.lease_deadline is not None and now >= self.lease_deadline:
             raise HandoffExpired(f"handoff lease ended {now - self.lease_deadline:.1f} s ago")

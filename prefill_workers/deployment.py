@@ -1,5 +1,6 @@
-"""The prefill pool: a real vLLM engine as NIXL producer. It computes a prompt's KV
-(max_tokens=1), keeps the blocks for a decode engine to pull, and returns the handoff (with
+"""The prefill pool: an engine (VLLMEngine in the app) as NIXL producer. It computes a
+prompt's KV (max_tokens=1), keeps the blocks for a decode engine to pull, and returns the
+Handoff it made and stamped: its own engine's identity and the lease's deadline (with
 first-token reuse also the answer's first token)."""
 
 from __future__ import annotations
@@ -9,23 +10,30 @@ import dataclasses
 from ray import serve
 
 from cluster.config import ClusterConfig
-from cluster.engine import VLLMEngine
+from cluster.engine.replica import EngineFactory, EngineReplica, build_engine_spec
 from cluster.serve_patch import bind_replica_grpc_on_node_address
 from cluster.protocol import EngineRequest, PrefillResult
-from cluster.worker import EngineReplica, build_engine_spec
-from kv_transfer.handoff import lease_deadline
+from kv_transfer.handoff import Handoff, lease_deadline
 
 
 @serve.deployment(name="PrefillWorker")
 class PrefillWorker(EngineReplica):
-    def __init__(self, cfg: ClusterConfig, tier: str):
+    def __init__(self, cfg: ClusterConfig, tier: str, engine_cls: EngineFactory):
         bind_replica_grpc_on_node_address()
-        self.engine = VLLMEngine(build_engine_spec(cfg, tier, "kv_producer"))
-        self.export_metrics(tier)
+        self.start_engine(engine_cls(build_engine_spec(cfg, tier, "kv_producer")), tier)
 
     async def prefill(self, request: EngineRequest, first_token: bool = False) -> PrefillResult:
         """`first_token`: sample the answer's first token here (kv_transfer/first_token.py)."""
         with self.signals.pending_prompt(len(request.prompt_token_ids)):  # autoscaling signal
             result = await self.engine.prefill(request, first_token=first_token)
+        return dataclasses.replace(result, handoff=self.handoff(result))
+
+    def handoff(self, result: PrefillResult) -> Handoff | None:
+        """The envelope decode checks. None when the answer ended on its first token (nothing
+        to hand over); HandoffMismatch (the gateway recomputes) when the engine returned
+        params that are no remote-prefill handoff."""
+        if result.first is not None and result.first.finished:
+            return None
         # The engine's lease on the blocks started as the prefill finished: stamp it now.
-        return dataclasses.replace(result, lease_deadline=lease_deadline())
+        return Handoff.from_prefill(self.info.identity, result.kv_transfer_params, lease_deadline(),
+                                    producer_id=self.info.worker_id)

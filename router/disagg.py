@@ -90,10 +90,9 @@ class DisaggregatedBackend:
     """The P/D path over Ray Serve handles to the pools (the engine client's backend,
     router/openai/engine_client.py)."""
 
-    def __init__(self, *, model_id: str, pools: Mapping[str, TierPools],
+    def __init__(self, *, pools: Mapping[str, TierPools],
                  prefill_timeout_s: float, router: Optional[KVRouter] = None,
                  first_token_reuse: bool = True, decode_first_token_timeout_s: float = 120.0):
-        self.model_id = model_id
         self._pools = pools
         self._prefill_timeout_s = prefill_timeout_s
         self._decode_first_token_timeout_s = decode_first_token_timeout_s
@@ -127,8 +126,9 @@ class DisaggregatedBackend:
                 raise RuntimeError(f"the prefill engine ended the request with {ended!r}")
             prompt_logprobs = result.prompt_logprobs
             if ended is None:  # else: the answer ended on token 1
-                handoff = Handoff.from_prefill(self.model_id, result.kv_transfer_params,
-                                                   getattr(result, "lease_deadline", None))
+                handoff = result.handoff  # the prefill replica's, stamped; decode checks it
+                if handoff is None:
+                    raise HandoffMismatch("the prefill replica returned no handoff")
         except asyncio.TimeoutError:
             reason = "prefill_timeout"
             self._abort_later(request.request_id, "prefill")

@@ -17,7 +17,7 @@ import logging
 from ray import serve
 
 from cluster.config import ClusterConfig
-from cluster.engine import structured_outputs_config
+from cluster.engine.vllm import structured_outputs_config
 from cluster.types import TierPools
 from cluster.serve_patch import bind_replica_grpc_on_node_address
 from cluster.hardware import engine_dtype_here
@@ -51,7 +51,6 @@ class Gateway:
             structured_outputs=structured_outputs_config(default_engine, cfg.model.reasoning_parser))
         self.router = build_kv_router(cfg)
         self.backend = DisaggregatedBackend(
-            model_id=cfg.model.served_name,
             pools=pools,
             prefill_timeout_s=cfg.kv_transfer.prefill_timeout_s,
             router=self.router,
@@ -59,7 +58,7 @@ class Gateway:
             decode_first_token_timeout_s=cfg.gateway.decode_first_token_timeout_s,
         )
         # Every prefill/decode pair does its NIXL handshake before user traffic needs it.
-        self.warmer = HandshakeWarmer(pools=pools, model_id=cfg.model.served_name, router=self.router)
+        self.warmer = HandshakeWarmer(pools=pools, router=self.router)
         # API key → tenant → tier; warns at start-up when the API is open (no keys).
         self.auth = ApiKeyAuth.from_config(cfg)
         # Per-tenant requests/tokens per minute (auth.tenants.*.rate_limit), per gateway replica

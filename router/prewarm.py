@@ -25,7 +25,6 @@ from typing import Callable, Mapping, Optional
 from cluster.protocol import EngineRequest
 from cluster.types import TierPools
 from router.routing.service import KVRouter
-from kv_transfer.handoff import Handoff
 from router.routing.types import Pick, Worker
 
 log = logging.getLogger(__name__)
@@ -43,10 +42,9 @@ def _warm_sampling():
 
 
 class HandshakeWarmer:
-    def __init__(self, *, pools: Mapping[str, TierPools], model_id: str, router: KVRouter,
+    def __init__(self, *, pools: Mapping[str, TierPools], router: KVRouter,
                  interval_s: float = PASS_INTERVAL_S, on_warmed: Callable[[str, str], None] = lambda p, d: None):
         self._pools = pools
-        self._model_id = model_id
         self._router = router  # a KVRouter: its directories list the replicas and pin requests
         self._interval_s = interval_s
         self._on_warmed = on_warmed
@@ -110,7 +108,7 @@ class HandshakeWarmer:
                                 _warm_sampling(), tier=tier)
         with self._router.dispatch(Pick(prefill, 1.0, {}), request.request_id):
             result = await asyncio.wait_for(pools.prefill.prefill.remote(request, False), HOP_TIMEOUT_S)
-        handoff = Handoff.from_prefill(self._model_id, result.kv_transfer_params)
+        handoff = result.handoff  # made and stamped by the prefill replica
 
         async def drain() -> None:
             with self._router.dispatch(Pick(decode, 1.0, {}), request.request_id):

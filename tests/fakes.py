@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from typing import Any, AsyncIterator, Mapping, Optional, Sequence
+from typing import Any, AsyncIterator, Optional, Sequence
 
 from cluster.protocol import EngineRequest
 
@@ -229,8 +229,12 @@ class _FakeMethod:
             return None
         if self.pool.hang_prefill:
             await asyncio.Event().wait()
+        from kv_transfer.handoff import EngineIdentity, Handoff
+
         first = fake_output(request_id, "a", [1]) if first_token else None
-        return PrefillResult(request_id, {"do_remote_prefill": True, "remote_port": 1}, "fake", 3, first=first)
+        params = {"do_remote_prefill": True, "remote_port": 1}
+        handoff = Handoff.from_prefill(EngineIdentity("fake", "float32", "auto", 16), params)
+        return PrefillResult(request_id, params, "fake", 3, first=first, handoff=handoff)
 
 
 class _FakeStats:

@@ -31,9 +31,9 @@ MetricsReader = Callable[[], dict[tuple[str, Optional[str]], float]]
 
 
 def read_vllm_metrics() -> dict[tuple[str, Optional[str]], float]:
-    from cluster.engine import _read_vllm_metrics  # the engine's own reader, one definition
+    from cluster.engine.metrics import read_vllm_metrics as read  # the one reader (replicas pass engine.metrics)
 
-    return _read_vllm_metrics()
+    return read()
 
 
 class ReplicaSignals:

@@ -10,7 +10,7 @@ from typing import Mapping, Optional
 class Worker:
     """One engine replica as the router sees it.
 
-    `worker_id` is the engine's own id (`<tier>-<pool>-<Serve replica id>`, cluster/worker.py),
+    `worker_id` is the engine's own id (`<tier>-<pool>-<Serve replica id>`, cluster/types.py PoolId.worker_id),
     the name its KV events are indexed under; `replica_id` is the Serve replica's unique id,
     used to send a request to exactly this replica.
     """

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from cluster.engine import CPU_ENGINE_NICENESS
+from cluster.engine.vllm import CPU_ENGINE_NICENESS
 from cluster.vllm_plugin import ENGINE_NICE
 from loadtest.bench.engines import wait_healthy
 from tests.conftest import TEST_STATE

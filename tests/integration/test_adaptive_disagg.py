@@ -28,7 +28,6 @@ from router.routing import service
 from router.routing.decider import Objectives, PDDecider
 from router.routing.directory import pool_directory
 from router.routing.service import KVRouter
-from tests.integration.conftest import MAX_MODEL_LEN, MODEL_NAME
 
 pytestmark = pytest.mark.integration
 
@@ -67,8 +66,7 @@ def test_idle_long_prompts_go_remote_and_a_burst_spills_some_to_decode(base_url,
                         decode=serve.get_deployment_handle(f"{TIER}-decode", app_name="tandem"))
     router = KVRouter(directories=dirs, index=None, weights={"load": 1.0}, decider=PDDecider(mode="adaptive"),
                       subscribe=False, objectives={TIER: Objectives(ttft_s=2.0, itl_s=0.5)})
-    backend = DisaggregatedBackend(model_id=MODEL_NAME,
-                                   pools={TIER: handles}, prefill_timeout_s=60, router=router)
+    backend = DisaggregatedBackend(pools={TIER: handles}, prefill_timeout_s=60, router=router)
     try:
         asyncio.run(scenario(backend, router, handles, verdicts))
     finally:

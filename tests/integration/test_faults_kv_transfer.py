@@ -11,6 +11,7 @@ Either way decode must fail the KV load, recompute the prompt itself
 
 from __future__ import annotations
 
+import dataclasses
 import random
 import time
 import uuid
@@ -19,9 +20,8 @@ import pytest
 from vllm import SamplingParams
 
 from cluster.protocol import EngineRequest
-from kv_transfer.handoff import Handoff
 from kv_transfer.nixl import free_port
-from tests.integration.conftest import MODEL_NAME, replica_stats
+from tests.integration.conftest import replica_stats
 
 pytestmark = pytest.mark.integration
 
@@ -61,7 +61,7 @@ def test_a_kv_transfer_that_cannot_complete_is_recomputed_within_a_bound(base_ur
     sampling = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True)
     request = EngineRequest(f"faults-kv-{uuid.uuid4()}", prompt, sampling, tier="interactive")
     result = prefill.prefill.remote(request).result()
-    handoff = Handoff.from_prefill(MODEL_NAME, corrupt(result.kv_transfer_params))
+    handoff = dataclasses.replace(result.handoff, params=corrupt(result.handoff.params))  # the prefill's own, corrupted
 
     before = next(iter(replica_stats(DECODE, 1).values()))
     started = time.monotonic()

@@ -28,7 +28,6 @@ from router.prefix_index import make_index
 from router.routing.decider import PDDecider
 from router.routing.directory import pool_directory
 from router.routing.service import KVRouter
-from tests.integration.conftest import MAX_MODEL_LEN, MODEL_NAME
 from tests.redis_server import RedisServer
 
 pytestmark = pytest.mark.integration
@@ -75,8 +74,7 @@ def test_redis_stopped_under_load_fails_nothing_and_routing_recovers(base_url):
                             decode=serve.get_deployment_handle(f"{TIER}-decode", app_name="tandem"))
         router = KVRouter(directories=dirs, index=make_index("redis", redis_url=server.url, prefix="faults:"),
                           weights={"prefix": 1.0, "load": 0.5, "kv_usage": 0.1}, decider=PDDecider(0))
-        backend = DisaggregatedBackend(model_id=MODEL_NAME,
-                                       pools={TIER: handles}, prefill_timeout_s=30,
+        backend = DisaggregatedBackend(pools={TIER: handles}, prefill_timeout_s=30,
                                        router=router)
         asyncio.run(scenario(backend, router, handles, server))
     finally:

@@ -215,7 +215,9 @@ SPEC_SCRIPT = textwrap.dedent('''
 
     def main():
         from cluster.config import EngineConfig, KVTransferConfig
-        from cluster.engine import EngineSpec, VLLMEngine, _read_vllm_metrics
+        from cluster.engine.base import EngineSpec
+        from cluster.engine.metrics import read_vllm_metrics as _read_vllm_metrics
+        from cluster.engine.vllm import VLLMEngine
         from cluster.protocol import EngineRequest
         from vllm import SamplingParams
 
@@ -226,11 +228,12 @@ SPEC_SCRIPT = textwrap.dedent('''
                           engine=engine_cfg, kv_role=None, kv=KVTransferConfig(), nixl=None, cpu_binding="0",
                           on_gpu=False, worker_id="spec")
         engine = VLLMEngine(spec)
+        engine.start()
 
         async def run(ids):
             req = EngineRequest(uuid.uuid4().hex, tuple(ids), SamplingParams(max_tokens=24, temperature=0,
                                                                                  ignore_eos=True), tier="interactive")
-            return [t for chunk in [c async for c in engine.decode(req, None)] for t in chunk.outputs[0].token_ids]
+            return [t for chunk in [c async for c in engine.generate(req, None)] for t in chunk.outputs[0].token_ids]
 
         async def all_of():
             return [await run(ids) for ids in prompts]

@@ -4,6 +4,7 @@ are not vLLM's, handoffs past their lease, and per-tenant prefix caches."""
 
 from __future__ import annotations
 
+import dataclasses
 import asyncio
 import json
 import multiprocessing
@@ -20,7 +21,6 @@ import pytest
 from vllm import SamplingParams
 
 from cluster.protocol import EngineRequest
-from kv_transfer.handoff import Handoff
 from loadtest.measure.percentiles import percentile
 from loadtest.measure.sse import StreamReader
 from tests.integration.test_faults_kv_transfer import decode_text
@@ -298,8 +298,8 @@ def test_a_handoff_past_its_lease_is_recomputed_never_pulled(base_url):
     sampling = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True)
     request = EngineRequest(f"lease-{uuid.uuid4()}", prompt, sampling, tier="interactive")
     result = prefill.prefill.remote(request).result()
-    assert result.lease_deadline is not None and result.lease_deadline > time.time()
-    expired = Handoff.from_prefill(MODEL_NAME, result.kv_transfer_params, lease_deadline=time.time() - 1)
+    assert result.handoff.lease_deadline is not None and result.handoff.lease_deadline > time.time()
+    expired = dataclasses.replace(result.handoff, lease_deadline=time.time() - 1)
     counted = metric("ray_tandem_handoffs_expired_total", tier="interactive")
     before = next(iter(replica_stats(DECODE, 1).values()))
     ids, text = decode_text(decode, request, expired)

@@ -3,7 +3,6 @@ the path is counted. Runs last in the session: it kills the prefill replica."""
 
 from __future__ import annotations
 
-import re
 import time
 
 import httpx

@@ -5,7 +5,6 @@ from __future__ import annotations
 import logging
 
 import pytest
-from fastapi.testclient import TestClient
 
 from cluster.config import ClusterConfig
 from router.auth import ApiKeyAuth

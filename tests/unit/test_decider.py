@@ -243,50 +243,44 @@ def test_decode_step_reports_calibrate_once_per_new_report():
     assert (step.sx, step.sy) == pytest.approx((STEP_PRIOR.sx * 0.95 + 3, STEP_PRIOR.sy * 0.95 + 0.08))
 
 
-# -- what the engine replicas report for the decider (cluster/worker.py) ---------------------
+# -- what the engine replicas report for the decider (cluster/engine/replica.py) ------------
 
 
-class _FakeEngine:
-    def __init__(self, role, running=0.0):
-        from types import SimpleNamespace
+def _replica(role, running=0.0):
+    """An EngineReplica around a started FakeEngine (no Serve), its vLLM readings set by hand."""
+    from cluster.config import EngineConfig, KVTransferConfig
+    from cluster.engine.base import EngineSpec
+    from cluster.engine.fake import FakeEngine
+    from cluster.engine.replica import EngineReplica
 
-        self.spec = SimpleNamespace(worker_id=f"interactive-x-{role}", kv_role=role)
-        self.kv_events = None  # where the engine bound its KV-event sockets (none here)
-        self._running = running
-
-    def stats(self):
-        from types import SimpleNamespace
-
-        return SimpleNamespace(kv_cache_usage=0.23, requests_running=self._running)
-
-    def cache_layout(self):
-        return {"block_size": 16, "hash_algo": "sha256", "hash_seed": "s"}
+    spec = EngineSpec(model_path="/m", served_name="m", dtype="float32", max_model_len=64,
+                      engine=EngineConfig(block_size=16), kv_role=role, kv=KVTransferConfig(), nixl=None,
+                      cpu_binding=None, on_gpu=False, worker_id=f"interactive-x-{role}")
+    engine = FakeEngine(spec)
+    replica = EngineReplica()
+    replica.engine, replica.info = engine, engine.start()
+    engine._values.update({("vllm:kv_cache_usage_perc", None): 0.23, ("vllm:num_requests_running", None): running})
+    return replica
 
 
 def test_a_prefill_replica_reports_its_queued_prompt_tokens():
-    from cluster.worker import EngineReplica
-
-    replica = EngineReplica()
-    replica.engine = _FakeEngine("kv_producer")
+    replica = _replica("kv_producer")
     with replica.signals.pending_prompt(700):
         stats = replica.record_routing_stats()
     assert stats["queued_prompt_tokens"] == 700 and stats["kv_usage"] == 0.2
+    assert (stats["worker_id"], stats["block_size"], stats["hash_algo"]) == ("interactive-x-kv_producer", 16, "sha256")
     assert "step_s" not in stats
 
 
-def test_a_decode_replica_reports_its_batch_and_mean_step_since_the_last_report(monkeypatch):
-    import cluster.worker as worker
-
-    itl = {"sum": 0.0, "count": 0.0}
-    monkeypatch.setattr(worker, "_read_vllm_metrics", lambda: {
-        ("vllm:inter_token_latency_seconds_sum", None): itl["sum"],
-        ("vllm:inter_token_latency_seconds_count", None): itl["count"]})
-    replica = worker.EngineReplica()
-    replica.engine = _FakeEngine("kv_consumer", running=3.0)
+def test_a_decode_replica_reports_its_batch_and_mean_step_since_the_last_report():
+    replica = _replica("kv_consumer", running=3.0)
+    values = replica.engine._values  # the engine's own reading: the routing stats' only source
     assert "step_s" not in replica.record_routing_stats()  # idle: nothing to report, stats stay still
-    itl.update(sum=2.0, count=40.0)
+    values.update({("vllm:inter_token_latency_seconds_sum", None): 2.0,
+                   ("vllm:inter_token_latency_seconds_count", None): 40.0})
     stats = replica.record_routing_stats()
     assert (stats["running_seqs"], stats["step_s"], stats["step_n"]) == (3, 0.05, 40)
-    itl.update(sum=2.8, count=50.0)  # the next period: only its own 10 gaps
+    values.update({("vllm:inter_token_latency_seconds_sum", None): 2.8,
+                   ("vllm:inter_token_latency_seconds_count", None): 50.0})  # the next period: its own 10 gaps
     assert replica.record_routing_stats()["step_s"] == 0.08
     assert "queued_prompt_tokens" not in stats

@@ -18,7 +18,7 @@ from tests.unit.test_disagg_abort import make_backend, request
 
 
 def test_a_request_the_engine_refuses_is_a_400_without_retry():
-    """vLLM's own request checks (cluster/engine.py turns them into InvalidEngineRequest) are
+    """vLLM's own request checks (cluster/engine/vllm.py turns them into InvalidEngineRequest) are
     the client's error: the same request would fail on any replica, so no retry and no 500."""
     async def main():
         backend, pools = make_backend()

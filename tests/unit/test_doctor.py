@@ -133,7 +133,7 @@ def test_a_bare_torch_machine_gets_a_report_not_a_traceback(monkeypatch):
     real_import = builtins.__import__
 
     def no_pydantic(name, *args, **kwargs):
-        if name.startswith("cluster.config") or name.startswith("cluster.worker"):
+        if name.startswith("cluster.config") or name.startswith("cluster.engine"):
             raise ImportError(f"No module named {name!r} (simulated)")
         return real_import(name, *args, **kwargs)
 

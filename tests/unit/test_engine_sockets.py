@@ -15,9 +15,10 @@ import psutil
 import pytest
 
 from cluster.config import EngineConfig, KVTransferConfig
-from cluster.engine import EngineSpec, _kv_events_config, bound_kv_events, engine_environment
+from cluster.engine.base import EngineSpec
+from cluster.engine.vllm import _kv_events_config, bound_kv_events, engine_environment
 from cluster.local import ensure_ray_token, is_loopback_address, ray_auth_env
-from cluster.worker import node_address
+from cluster.engine.replica import node_address
 from kv_transfer.nixl import NixlEndpoint
 
 

@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import dataclasses
+from types import SimpleNamespace
+
 import pytest
 
 from cluster.config import KVTransferConfig
-from kv_transfer.handoff import HANDOFF_VERSION, Handoff, HandoffMismatch, prefill_request_params
+from kv_transfer.handoff import HANDOFF_VERSION, EngineIdentity, Handoff, HandoffMismatch, prefill_request_params
 from kv_transfer.nixl import NixlEndpoint, free_port, kv_transfer_config, nixl_env
 
 PARAMS = {"do_remote_prefill": True, "do_remote_decode": False, "remote_engine_id": "e1",
           "remote_block_ids": [1, 2], "remote_host": "127.0.0.1", "remote_port": 5601}
+M = EngineIdentity(model="m", dtype="float32", kv_cache_dtype="auto", block_size=16)
 
 
 def test_prefill_asks_to_keep_kv_for_remote_decode():
@@ -17,24 +21,31 @@ def test_prefill_asks_to_keep_kv_for_remote_decode():
 
 
 def test_handoff_round_trip_returns_vllm_params_unchanged():
-    handoff = Handoff.from_prefill("m", PARAMS)
-    assert handoff.version == HANDOFF_VERSION
-    assert handoff.decode_params("m") == PARAMS
+    handoff = Handoff.from_prefill(M, PARAMS, producer_id="p1")
+    assert (handoff.version, handoff.producer, handoff.producer_id) == (HANDOFF_VERSION, M, "p1")
+    assert handoff.decode_params(M) == PARAMS
 
 
-def test_handoff_refuses_other_model_and_version():
-    handoff = Handoff.from_prefill("m", PARAMS)
-    with pytest.raises(HandoffMismatch, match="model 'm'"):
-        handoff.decode_params("other")
-    stale = Handoff(version=HANDOFF_VERSION + 1, model="m", params=PARAMS)
+@pytest.mark.parametrize("field, other", [("model", "other"), ("dtype", "bfloat16"), ("kv_cache_dtype", "fp8"),
+                                          ("block_size", 32)])
+def test_handoff_refuses_a_consumer_that_cannot_pull_the_producers_blocks(field, other):
+    """The producer's identity (stamped by the prefill replica) against the consumer's own."""
+    handoff = Handoff.from_prefill(M, PARAMS)
+    consumer = dataclasses.replace(M, **{field: other})
+    with pytest.raises(HandoffMismatch, match=f"{field} {getattr(M, field)!r}, this worker has {other!r}"):
+        handoff.decode_params(consumer)
+
+
+def test_handoff_refuses_another_version():
+    stale = Handoff(version=HANDOFF_VERSION + 1, producer=M, params=PARAMS)
     with pytest.raises(HandoffMismatch, match="version"):
-        stale.decode_params("m")
+        stale.decode_params(M)
 
 
 @pytest.mark.parametrize("params", [None, {}, {"do_remote_prefill": False}])
 def test_handoff_needs_remote_prefill_params(params):
     with pytest.raises(HandoffMismatch, match="kv_producer"):
-        Handoff.from_prefill("m", params)
+        Handoff.from_prefill(M, params)
 
 
 def test_kv_transfer_config_per_role_and_device():
@@ -71,11 +82,11 @@ def test_a_handoff_past_its_lease_is_refused():
 
     deadline = lease_deadline(now=1000.0)
     assert deadline == 1000.0 + KV_LEASE_S - LEASE_MARGIN_S < 1000.0 + KV_LEASE_S
-    handoff = Handoff.from_prefill("m", PARAMS, lease_deadline=deadline)
-    assert handoff.decode_params("m", now=deadline - 0.1) == PARAMS
+    handoff = Handoff.from_prefill(M, PARAMS, lease_deadline=deadline)
+    assert handoff.decode_params(M, now=deadline - 0.1) == PARAMS
     with pytest.raises(HandoffExpired, match="lease ended"):
-        handoff.decode_params("m", now=deadline)
-    assert Handoff.from_prefill("m", PARAMS).decode_params("m", now=1e12) == PARAMS  # no deadline: no check
+        handoff.decode_params(M, now=deadline)
+    assert Handoff.from_prefill(M, PARAMS).decode_params(M, now=1e12) == PARAMS  # no deadline: no check
 
 
 def test_the_engines_lease_is_the_one_the_handoff_assumes():
@@ -90,7 +101,7 @@ class _RecordingEngine:
     def __init__(self):
         self.params = []
 
-    async def decode(self, request, params):
+    async def generate(self, request, params):
         from tests.fakes import fake_output
 
         self.params.append(params)
@@ -101,7 +112,8 @@ def _decode_worker():
     from decode_workers.deployment import DecodeWorker
 
     worker = object.__new__(DecodeWorker.func_or_class)  # the class without Serve or an engine
-    worker.model, worker.tier, worker.engine = "m", "interactive", _RecordingEngine()
+    worker.tier, worker.engine = "interactive", _RecordingEngine()
+    worker.info = SimpleNamespace(identity=M)
     return worker
 
 
@@ -123,9 +135,11 @@ def test_decode_recomputes_an_expired_handoff_and_counts_it(monkeypatch):
     async def run(handoff):
         return [c async for c in worker.generate(request, handoff)]
 
-    asyncio.run(run(Handoff.from_prefill("m", PARAMS, lease_deadline=time.time() - 1)))
-    asyncio.run(run(Handoff.from_prefill("m", PARAMS, lease_deadline=time.time() + 60)))
-    assert worker.engine.params == [None, PARAMS]  # expired: computed locally; in time: pulled
+    asyncio.run(run(Handoff.from_prefill(M, PARAMS, lease_deadline=time.time() - 1)))
+    asyncio.run(run(Handoff.from_prefill(M, PARAMS, lease_deadline=time.time() + 60)))
+    asyncio.run(run(Handoff.from_prefill(dataclasses.replace(M, block_size=32), PARAMS)))
+    # expired: computed locally; in time: pulled; from an incompatible producer: computed locally
+    assert worker.engine.params == [None, PARAMS, None]
     assert counted == [{"tier": "interactive"}]
 
 
@@ -150,6 +164,9 @@ def test_prefill_stamps_the_lease_when_the_prefill_returns():
 
     worker = object.__new__(PrefillWorker.func_or_class)
     worker.engine, worker._signals = Engine(), Signals()
+    worker.info = SimpleNamespace(identity=M, worker_id="p")
     before = time.time()
     result = asyncio.run(worker.prefill(EngineRequest("r", (1, 2, 3), SamplingParams(max_tokens=1), tier="interactive")))
-    assert before + KV_LEASE_S - LEASE_MARGIN_S <= result.lease_deadline <= time.time() + KV_LEASE_S - LEASE_MARGIN_S
+    handoff = result.handoff  # made and stamped by the prefill replica, with its engine's identity
+    assert (handoff.producer, handoff.producer_id, handoff.params) == (M, "p", PARAMS)
+    assert before + KV_LEASE_S - LEASE_MARGIN_S <= handoff.lease_deadline <= time.time() + KV_LEASE_S - LEASE_MARGIN_S

@@ -7,8 +7,8 @@ import asyncio
 import pytest
 from vllm import SamplingParams
 
-from cluster import engine_metrics
-from cluster.engine_metrics import EngineMetricsExporter
+from cluster.engine import metrics as engine_metrics
+from cluster.engine.metrics import EngineMetricsExporter
 from cluster import metrics
 from cluster.metrics import Counter, Gauge, Histogram
 from cluster.protocol import EngineRequest, finish_reason

@@ -1,5 +1,5 @@
 """Engine levers per pool (cluster/config/ EngineConfig) and their mapping onto vLLM's
-engine arguments (cluster/engine.py): invalid combinations fail at load, naming the field."""
+engine arguments (cluster/engine/vllm.py): invalid combinations fail at load, naming the field."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import pytest
 from pydantic import ValidationError
 
 from cluster.config import ClusterConfig, EngineConfig
-from cluster.engine import _sampling_params, engine_levers
+from cluster.engine.vllm import _sampling_params, engine_levers
 from cluster.protocol import EngineRequest
 
 

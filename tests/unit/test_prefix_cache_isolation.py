@@ -85,7 +85,7 @@ def test_each_tenant_gets_its_own_salt_in_the_engine_request(tmp_path):
 
 
 def test_both_hops_pass_the_salt_to_vllm():
-    from cluster.engine import _prompt
+    from cluster.engine.vllm import _prompt
 
     salted = EngineRequest("r", (1, 2), SamplingParams(max_tokens=1), cache_salt="s", tier="interactive")
     assert _prompt(salted) == {"prompt_token_ids": [1, 2], "cache_salt": "s"}

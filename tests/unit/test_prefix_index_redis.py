@@ -8,13 +8,11 @@ import asyncio
 import time
 
 import pytest
-import redis
 
 from router.hashing import BlockHasher
 from router.kv_events import KVEventSubscriber
 from router.prefix_index import BlockStored, IndexUnavailable, make_index
 from tests.fakes import FakeKVEventPublisher, stored
-from tests.redis_server import RedisServer
 from tests.unit.test_prefix_index import check_index_semantics, wait_for
 from tests.unit.test_routing import PROMPT, kv_router, request
 

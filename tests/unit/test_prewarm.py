@@ -22,7 +22,7 @@ def setup(prefills=("p0", "p1"), decodes=("d0", "d1", "d2")):
                       decode=FakeServePool(dirs[(TIER, "decode")], list(decodes)))
     router = KVRouter(directories=dirs, index=None, weights={"load": 1.0}, decider=PDDecider(0),
                       subscribe=False, rng=random.Random(1))
-    return HandshakeWarmer(pools={TIER: pools}, model_id="m", router=router), pools, dirs
+    return HandshakeWarmer(pools={TIER: pools}, router=router), pools, dirs
 
 
 def pairs_called(pools) -> set[tuple[str, str]]:

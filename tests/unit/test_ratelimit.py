@@ -6,7 +6,6 @@ from __future__ import annotations
 import math
 
 import pytest
-from fastapi.testclient import TestClient
 
 from cluster.config import ClusterConfig
 from router.auth import ApiKeyAuth

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import logging
 
-from fastapi.testclient import TestClient
 
 from cluster.config import ClusterConfig
 from router.auth import ApiKeyAuth

@@ -1,4 +1,10 @@
-"""What the prefill and decode replicas share: building this replica's EngineSpec.
+"""What the prefill and decode replicas share: the Ray Serve hooks around one Engine.
+
+Runs in each engine replica's process (a Ray actor Serve made). The deployments
+(prefill_workers/, decode_workers/) take the engine class as an argument (cluster/app.py
+build_app passes VLLMEngine, tests/serve/ FakeEngine) and call `start_engine` from their
+constructor; Serve then calls the hooks below; `__del__` stops the metrics and shuts the
+engine down.
 
 A replica learns its rank from Ray Serve, takes the CPU core slot for that rank and a free
 NIXL side-channel port; its engine binds the KV-event publisher and replay sockets on ports
@@ -15,10 +21,15 @@ from typing import Callable, Optional
 
 from cluster.autoscaling.signals import ReplicaSignals
 from cluster.config import ClusterConfig
-from cluster.engine import EngineSpec, EngineStats, VLLMEngine, _read_vllm_metrics
-from cluster.engine_metrics import EngineMetricsExporter
+from cluster.engine.base import Engine, EngineInfo, EngineSpec, EngineStats
+from cluster.engine.metrics import ITL_COUNT, ITL_SUM, EngineMetricsExporter
+from cluster.engine.metrics import engine_stats as engine_stats_of
 from cluster.hardware import cpu_flags, engine_dtype, has_nvidia_gpu
+from cluster.types import PoolId, RoutingStats
 from kv_transfer.nixl import KVRole, NixlEndpoint, free_port
+
+# What a deployment is given to make its engine: an Engine class (or any callable) from a spec.
+EngineFactory = Callable[[EngineSpec], Engine]
 
 
 # Addresses that bind every interface: engine sockets carry prompts (KV events hold token ids).
@@ -74,7 +85,7 @@ def build_engine_spec(cfg: ClusterConfig, tier: str, role: KVRole) -> EngineSpec
         cpu_binding=binding,
         on_gpu=on_gpu,
         # The same id the router derives from the Serve replica id (router/routing/service.py).
-        worker_id=f"{tier}-{pool_name}-{replica_id}",
+        worker_id=PoolId(tier, pool_name).worker_id(replica_id),
         kv_events_host=host if cfg.routing.kv_events and pool.engine.enable_prefix_caching else None,
         reasoning_parser=cfg.model.reasoning_parser,
     )
@@ -83,25 +94,32 @@ def build_engine_spec(cfg: ClusterConfig, tier: str, role: KVRole) -> EngineSpec
 class EngineReplica:
     """Base of the prefill and decode deployments: owns one engine for the replica's life.
 
-    A subclass's __init__ sets `self.engine`, then calls `export_metrics(tier)`; Serve then
-    calls the hooks below; `__del__` stops the metrics and shuts the engine down.
+    A subclass's __init__ calls `start_engine(engine_cls(spec), tier)`; Serve then calls the
+    hooks below; `__del__` stops the metrics and shuts the engine down.
     """
 
-    engine: VLLMEngine
+    engine: Engine
+    info: EngineInfo
     _signals: Optional[ReplicaSignals] = None
     _metrics: Optional[EngineMetricsExporter] = None
 
+    def start_engine(self, engine: Engine, tier: str) -> None:
+        """Start the engine (blocks until it takes requests), then publish its metrics."""
+        self.engine = engine
+        self.info = engine.start()
+        self.export_metrics(tier)
+
     def export_metrics(self, tier: str) -> None:
         """Publish this engine's metrics (labelled tier, pool, replica) every 2 s."""
-        spec = self.engine.spec
-        pool = "prefill" if spec.kv_role == "kv_producer" else "decode"
-        self._metrics = EngineMetricsExporter(tier, pool, spec.worker_id, _read_vllm_metrics).start()
+        pool = "prefill" if self.info.kv_role == "kv_producer" else "decode"
+        self._metrics = EngineMetricsExporter(tier, pool, self.info.worker_id, self.engine.metrics).start()
 
     @property
     def signals(self) -> ReplicaSignals:
-        """This replica's autoscaling signals, made on first use (subclasses own __init__)."""
+        """This replica's autoscaling signals, made on first use (subclasses own __init__),
+        from the engine's own reading."""
         if self._signals is None:
-            self._signals = ReplicaSignals()
+            self._signals = ReplicaSignals(self.engine.metrics)
         return self._signals
 
     async def record_autoscaling_stats(self) -> dict[str, float]:
@@ -112,9 +130,9 @@ class EngineReplica:
         """Who this replica is (engine id, NIXL side-channel port, KV-event endpoints, CPU
         cores) and how many prompt tokens it has computed: one call tells which replica served."""
         spec = self.engine.spec
-        events = self.engine.kv_events
+        events = self.info.kv_events
         return {
-            "worker_id": spec.worker_id,
+            "worker_id": self.info.worker_id,
             "nixl_port": spec.nixl.port if spec.nixl else None,
             "kv_events": [events.endpoint, events.replay_endpoint] if events else [],
             "cpu_binding": spec.cpu_binding,
@@ -130,27 +148,25 @@ class EngineReplica:
         prompt tokens; a decode engine's running sequences and, when it stepped since the last
         report, its mean token gap (`step_s`, over `step_n` gaps) for the step cost model.
         Values are rounded so the stats (broadcast on change) stay still while idle."""
-        spec = self.engine.spec
-        engine_stats = self.engine.stats()
-        stats = {"worker_id": spec.worker_id, **self.engine.cache_layout(),
-                 "kv_usage": round(engine_stats.kv_cache_usage, 1),
-                 "running_seqs": int(engine_stats.requests_running)}
-        if spec.kv_role == "kv_producer":
-            stats["queued_prompt_tokens"] = self.signals.queued_prompt_tokens
+        info = self.info
+        values = self.engine.metrics()  # one reading for all of this report
+        engine_stats = engine_stats_of(info.worker_id, values)
+        events = info.kv_events
+        report = dict(worker_id=info.worker_id, **info.cache.as_stats(),
+                      kv_usage=round(engine_stats.kv_cache_usage, 1),
+                      running_seqs=int(engine_stats.requests_running),
+                      kv_events=events.endpoint if events else None,
+                      kv_replay=events.replay_endpoint if events else None)
+        if info.kv_role == "kv_producer":
+            report["queued_prompt_tokens"] = self.signals.queued_prompt_tokens
         else:
-            values = _read_vllm_metrics()
-            itl = (values.get(("vllm:inter_token_latency_seconds_sum", None), 0.0),
-                   values.get(("vllm:inter_token_latency_seconds_count", None), 0.0))
+            itl = (values.get(ITL_SUM, 0.0), values.get(ITL_COUNT, 0.0))
             gaps = itl[1] - self._itl_seen[1]
             if gaps > 0:
-                stats["step_s"] = round((itl[0] - self._itl_seen[0]) / gaps, 3)
-                stats["step_n"] = int(gaps)
+                report["step_s"] = round((itl[0] - self._itl_seen[0]) / gaps, 3)
+                report["step_n"] = int(gaps)
             self._itl_seen = itl
-        events = self.engine.kv_events
-        if events is not None:
-            stats["kv_events"] = events.endpoint
-            stats["kv_replay"] = events.replay_endpoint
-        return stats
+        return RoutingStats(**report).to_dict()
 
     async def abort(self, request_id: str) -> None:
         await self.engine.abort(request_id)

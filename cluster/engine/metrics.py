@@ -1,13 +1,20 @@
-"""Per-engine metrics, labelled by tier, pool and replica: what operators tune a pool on.
+"""An engine's own metrics: the one reader of vLLM's in-process registry, and what is made of it.
 
-vLLM keeps its own Prometheus metrics in the replica's process (read by `read_metrics`, the
-engine's reader). `EngineMetricsExporter` republishes a fixed set of them as tandem's Ray
-metrics (cluster/metrics.py) with the labels vLLM cannot know: tier, pool and replica. Gauges
-are copied; vLLM's cumulative counters go out as increments since the last export.
+vLLM keeps its Prometheus metrics in the replica's process. `read_vllm_metrics()` is the one
+place that reads them: samples summed by (name, source label), called `Readings`. Everything
+on the replica side is made from Readings, through `Engine.metrics()` (base.py), so a
+FakeEngine that synthesises the same samples drives all of it:
+- `engine_stats(worker_id, readings)`: the typed EngineStats (Engine.stats(), the gateway's
+  health probe, tests);
+- `EngineMetricsExporter`: a fixed set republished as tandem's Ray metrics
+  (cluster/metrics.py) with the labels vLLM cannot know: tier, pool and replica. Gauges are
+  copied; vLLM's cumulative counters go out as increments since the last export;
+- the autoscaling signals (cluster/autoscaling/signals.py) and the routing stats' mean
+  token gap (replica.py), from the same Readings.
 
-Lifecycle: an engine replica makes one exporter after its engine is up and calls `start()`;
-a daemon thread then calls `export_once()` every `interval_s` until `stop()` (replica
-teardown). `export_once()` is also the unit-tested step.
+Exporter lifecycle: an engine replica makes one exporter after its engine is up and calls
+`start()`; a daemon thread then calls `export_once()` every `interval_s` until `stop()`
+(replica teardown). `export_once()` is also the unit-tested step.
 """
 
 from __future__ import annotations
@@ -16,12 +23,51 @@ import logging
 import threading
 from typing import Callable, Optional
 
+from cluster.engine.base import EngineStats
 from cluster.metrics import Counter, Gauge
 
 log = logging.getLogger(__name__)
 
-MetricsReader = Callable[[], dict[tuple[str, Optional[str]], float]]
+Readings = dict[tuple[str, Optional[str]], float]
+MetricsReader = Callable[[], Readings]
 LABELS = ("tier", "pool", "replica")
+
+# vLLM's token gaps (a histogram): the routing stats' step cost and the ITL autoscaling signal.
+ITL_SUM = ("vllm:inter_token_latency_seconds_sum", None)
+ITL_COUNT = ("vllm:inter_token_latency_seconds_count", None)
+# One definition of a KV transfer: a completed NIXL transfer, counted by the transfer-time
+# histogram (whose sum is kv_transfer_seconds), in EngineStats and in the exporter alike.
+KV_TRANSFERS = ("vllm:nixl_xfer_time_seconds_count", None)
+
+
+def read_vllm_metrics() -> Readings:
+    """Sum vLLM's samples by (name, source label) from this process's Prometheus registry."""
+    from prometheus_client import REGISTRY
+
+    totals: Readings = {}
+    for family in REGISTRY.collect():
+        if not family.name.startswith("vllm:"):
+            continue
+        for sample in family.samples:
+            key = (sample.name, sample.labels.get("source"))
+            totals[key] = totals.get(key, 0.0) + sample.value
+    return totals
+
+
+def engine_stats(worker_id: str, values: Readings) -> EngineStats:
+    return EngineStats(
+        worker_id=worker_id,
+        prompt_tokens_computed=values.get(("vllm:prompt_tokens_by_source_total", "local_compute"), 0.0),
+        prompt_tokens_cached=values.get(("vllm:prompt_tokens_by_source_total", "local_cache_hit"), 0.0),
+        prompt_tokens_transferred=values.get(("vllm:prompt_tokens_by_source_total", "external_kv_transfer"), 0.0),
+        kv_bytes_transferred=values.get(("vllm:nixl_bytes_transferred_sum", None), 0.0),
+        kv_transfers=values.get(KV_TRANSFERS, 0.0),
+        kv_failed_transfers=values.get(("vllm:nixl_num_failed_transfers_total", None), 0.0),
+        requests_running=values.get(("vllm:num_requests_running", None), 0.0),
+        requests_waiting=values.get(("vllm:num_requests_waiting", None), 0.0),
+        kv_cache_usage=values.get(("vllm:kv_cache_usage_perc", None), 0.0),
+        kv_transfer_seconds=values.get(("vllm:nixl_xfer_time_seconds_sum", None), 0.0),
+    )
 
 # tandem gauge ← vLLM sample (name, source label)
 GAUGES: dict[str, tuple[str, Optional[str]]] = {
@@ -42,7 +88,7 @@ COUNTERS: dict[str, tuple[str, Optional[str]]] = {
     "tandem_engine_preemptions": ("vllm:num_preemptions_total", None),
     "tandem_engine_requests_finished": ("vllm:request_success_total", None),
     "tandem_engine_kv_transfer_bytes": ("vllm:nixl_bytes_transferred_sum", None),
-    "tandem_engine_kv_transfers": ("vllm:nixl_xfer_time_seconds_count", None),
+    "tandem_engine_kv_transfers": KV_TRANSFERS,
     "tandem_engine_kv_transfer_seconds": ("vllm:nixl_xfer_time_seconds_sum", None),
     "tandem_engine_kv_transfer_failures": ("vllm:nixl_num_failed_transfers_total", None),
 }

@@ -1,31 +1,26 @@
-"""VLLMEngine: the one wrapper around a real vLLM AsyncLLM, shared by both pools.
+"""VLLMEngine: the Engine (base.py) around a real vLLM AsyncLLM, the same for both pools; the
+role (producer, consumer) is the spec's kv_role, nothing else differs.
 
-Lifecycle and call order:
-1. `VLLMEngine(spec)` sets this process's engine environment (core binding, NIXL side
-   channel, UCX), then builds the AsyncLLM; it returns once the EngineCore child is up.
-2. `prefill(request)` (producer role) and `decode(request, kv_transfer_params)` may be called
-   any number of times, concurrently. `decode` is an async generator of vLLM RequestOutputs; closing
-   it early aborts the request inside vLLM.
-3. `abort(request_id)` at any time; unknown ids are ignored.
-4. `stats()` at any time: counters read from vLLM's own Prometheus metrics in this process.
-5. `shutdown()` once or more (idempotent); replicas call it on teardown so the EngineCore
-   child exits and its /dev/shm segments are released.
+What `start()` does: sets this process's engine environment (core binding, NIXL side channel,
+UCX, the no-spin and niceness hooks of cluster/vllm_plugin.py), builds the AsyncLLM (it returns
+once the EngineCore child is up) and reads back the KV-event sockets it bound. Closing a
+`generate` stream early aborts the request inside vLLM. `shutdown()` makes the EngineCore child
+exit and release its /dev/shm segments.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import os
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, AsyncIterator, Optional
 
-from cluster.config import EngineConfig, KVTransferConfig
+from cluster.config import EngineConfig
+from cluster.engine.base import CacheLayout, Engine, EngineInfo, EngineSpec, KVEventsEndpoint, cache_identity
+from cluster.engine.metrics import Readings, read_vllm_metrics
 from cluster.protocol import EngineRequest, InvalidEngineRequest, PrefillResult, merge_outputs
 from kv_transfer.handoff import prefill_request_params
 from cluster.vllm_plugin import ENGINE_NICE
-from kv_transfer.nixl import KVRole, NixlEndpoint, kv_transfer_config, nixl_env
+from kv_transfer.nixl import kv_transfer_config, nixl_env
 
 log = logging.getLogger(__name__)
 
@@ -35,53 +30,6 @@ log = logging.getLogger(__name__)
 # endpoint without "*" makes the PUB socket *connect*, and `tcp://*:PORT` binds all interfaces:
 # BlockStored events carry every prompt's token ids, so they must stay on the cluster address.
 _BIND_ON_NODE_IP = "tcp://*:0"
-
-
-@dataclass(frozen=True)
-class KVEventsEndpoint:
-    """Where this engine publishes its KV-cache events (router/kv_events.py follows them):
-    the PUB and replay sockets the EngineCore bound on the node's cluster address."""
-
-    endpoint: str
-    replay_endpoint: Optional[str]
-
-
-@dataclass(frozen=True)
-class EngineSpec:
-    model_path: Path
-    served_name: str
-    dtype: str
-    max_model_len: int
-    engine: EngineConfig
-    kv_role: Optional[KVRole]
-    kv: KVTransferConfig
-    nixl: Optional[NixlEndpoint]
-    cpu_binding: Optional[str]
-    on_gpu: bool
-    worker_id: str
-    # Publish KV-cache events, bound on this address (the node's cluster address: 127.0.0.1
-    # locally, the pod IP on Kubernetes); None: no events.
-    kv_events_host: Optional[str] = None
-    reasoning_parser: Optional[str] = None  # model.reasoning_parser: structured outputs start after reasoning
-
-
-@dataclass(frozen=True)
-class EngineStats:
-    """A snapshot of one engine's own counters (vLLM's Prometheus metrics in this process)."""
-
-    worker_id: str
-    prompt_tokens_computed: float
-    prompt_tokens_cached: float
-    prompt_tokens_transferred: float
-    kv_bytes_transferred: float
-    kv_transfers: float
-    kv_failed_transfers: float
-    requests_running: float
-    requests_waiting: float
-    kv_cache_usage: float
-    # Sum of NIXL transfer durations this engine measured (vLLM's nixl_xfer_time histogram):
-    # with kv_transfers, the share of TTFT spent moving KV (cluster/bench/ttft_vs_direct.py).
-    kv_transfer_seconds: float = 0.0
 
 
 # The niceness of vLLM's compute processes on CPU hosts. The gateway and Serve's proxy do
@@ -174,9 +122,15 @@ def _lean(output: Any) -> Any:
     return output
 
 
-class VLLMEngine:
+class VLLMEngine(Engine):
     def __init__(self, spec: EngineSpec):
-        self.spec = spec
+        super().__init__(spec)
+        self._llm: Any = None
+        self._closed = False
+        self.info: Optional[EngineInfo] = None
+
+    def start(self) -> EngineInfo:
+        spec = self.spec
         os.environ.update(engine_environment(spec))
         from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.v1.engine.async_llm import AsyncLLM
@@ -206,14 +160,17 @@ class VLLMEngine:
         )
         log.info("starting vLLM engine %s (%s) with %s", spec.worker_id, spec.kv_role, spec.model_path)
         self._llm = AsyncLLM.from_engine_args(args)
-        self._closed = False
-        self.kv_events: Optional[KVEventsEndpoint] = None
-        if spec.kv_events_host is not None:
-            try:
-                self.kv_events = bound_kv_events(self._llm.get_kv_event_sources(), spec.kv_events_host)
-            except Exception:
-                self.shutdown()
-                raise
+        try:
+            kv_events = None
+            if spec.kv_events_host is not None:
+                kv_events = bound_kv_events(self._llm.get_kv_event_sources(), spec.kv_events_host)
+            cache = self._cache_layout()
+            self.info = EngineInfo(worker_id=spec.worker_id, kv_role=spec.kv_role, cache=cache,
+                                   identity=cache_identity(spec, cache.block_size), kv_events=kv_events)
+        except Exception:
+            self.shutdown()
+            raise
+        return self.info
 
     async def prefill(self, request: EngineRequest, *, first_token: bool = False) -> PrefillResult:
         """Compute the prompt's KV and keep it for a remote decode (max_tokens=1).
@@ -257,7 +214,7 @@ class VLLMEngine:
             prompt_logprobs=prompt_logprobs,
         )
 
-    async def decode(
+    async def generate(
         self, request: EngineRequest, kv_transfer_params: Optional[dict[str, Any]]
     ) -> AsyncIterator[Any]:
         """Generate tokens as vLLM RequestOutputs (DELTA); with kv_transfer_params the prompt's
@@ -282,40 +239,21 @@ class VLLMEngine:
     async def abort(self, request_id: str) -> None:
         await self._llm.abort(request_id)
 
-    def stats(self) -> EngineStats:
-        values = _read_vllm_metrics()
-        return EngineStats(
-            worker_id=self.spec.worker_id,
-            prompt_tokens_computed=values.get(("vllm:prompt_tokens_by_source_total", "local_compute"), 0.0),
-            prompt_tokens_cached=values.get(("vllm:prompt_tokens_by_source_total", "local_cache_hit"), 0.0),
-            prompt_tokens_transferred=values.get(
-                ("vllm:prompt_tokens_by_source_total", "external_kv_transfer"), 0.0
-            ),
-            kv_bytes_transferred=values.get(("vllm:nixl_bytes_transferred_sum", None), 0.0),
-            kv_transfers=values.get(("vllm:nixl_bytes_transferred_count", None), 0.0),
-            kv_failed_transfers=values.get(("vllm:nixl_num_failed_transfers_total", None), 0.0),
-            requests_running=values.get(("vllm:num_requests_running", None), 0.0),
-            requests_waiting=values.get(("vllm:num_requests_waiting", None), 0.0),
-            kv_cache_usage=values.get(("vllm:kv_cache_usage_perc", None), 0.0),
-            kv_transfer_seconds=values.get(("vllm:nixl_xfer_time_seconds_sum", None), 0.0),
-        )
+    def metrics(self) -> Readings:
+        return read_vllm_metrics()
 
-    def cache_layout(self) -> dict[str, Any]:
-        """How this engine hashes prefix-cache blocks: the router must hash prompts the same way."""
+    def _cache_layout(self) -> CacheLayout:
         cache = self._llm.vllm_config.cache_config
-        return {
-            "block_size": cache.block_size,
-            "hash_algo": cache.prefix_caching_hash_algo,
-            # vLLM seeds its first block hash from PYTHONHASHSEED when the EngineCore has it.
-            "hash_seed": os.environ.get("PYTHONHASHSEED", "vllm-none-hash"),
-        }
+        return CacheLayout(block_size=cache.block_size, hash_algo=cache.prefix_caching_hash_algo,
+                           # vLLM seeds its first block hash from PYTHONHASHSEED when the EngineCore has it.
+                           hash_seed=os.environ.get("PYTHONHASHSEED", "vllm-none-hash"))
 
     def check_alive(self) -> None:
         if self._llm.errored:
             raise RuntimeError(f"vLLM engine {self.spec.worker_id} has died: {self._llm.dead_error}")
 
     def shutdown(self) -> None:
-        if self._closed:
+        if self._closed or self._llm is None:
             return
         self._closed = True
         log.info("shutting down vLLM engine %s", self.spec.worker_id)
@@ -343,17 +281,3 @@ def bound_kv_events(sources: dict[int, Any], host: str) -> KVEventsEndpoint:
         if value is None or not value.startswith(prefixes) or value.endswith(":0"):
             raise RuntimeError(f"KV-event {name} {value!r} is not bound on {host}")
     return KVEventsEndpoint(endpoint=endpoint, replay_endpoint=replay)
-
-
-def _read_vllm_metrics() -> dict[tuple[str, Optional[str]], float]:
-    """Sum vLLM's samples by (name, source label) from this process's Prometheus registry."""
-    from prometheus_client import REGISTRY
-
-    totals: dict[tuple[str, Optional[str]], float] = {}
-    for family in REGISTRY.collect():
-        if not family.name.startswith("vllm:"):
-            continue
-        for sample in family.samples:
-            key = (sample.name, sample.labels.get("source"))
-            totals[key] = totals.get(key, 0.0) + sample.value
-    return totals

@@ -1,0 +1,170 @@
+"""The Engine interface: what an engine replica (cluster/engine/replica.py) asks of the
+engine it owns. VLLMEngine (vllm.py) is the real one; FakeEngine (fake.py) the deterministic
+stand-in that lets the Ray Serve graph run without vLLM (tests/serve/).
+
+Lifecycle and call order (every call in the replica's process):
+
+1. `Engine(spec)`: keeps the spec; starts nothing, allocates nothing.
+2. `start() -> EngineInfo`: once, from the replica's constructor. Blocks until the engine
+   can take requests (VLLMEngine: the EngineCore child is up, KV-event sockets are bound).
+   It returns who the engine is: its worker id, model, KV layout and KV-event endpoints,
+   which the replica reports to the gateway's router (routing stats) and the prefill side
+   stamps into each Handoff (kv_transfer/handoff.py). A start that raises leaves nothing
+   running.
+3. After `start()`, concurrently and any number of times:
+   - `prefill(request, first_token=...) -> PrefillResult` (the producer role): compute the
+     prompt's KV, keep it for a remote decode, return vLLM's kv_transfer_params.
+   - `generate(request, kv_transfer_params)`: an async generator of vLLM RequestOutput
+     DELTAs (the consumer role, or a plain engine with params None). With params the
+     prompt's KV is pulled from the producer they name; without, computed here. Closing
+     the generator early aborts the request inside the engine.
+   - `abort(request_id)`: at any time; an id the engine does not hold is ignored.
+   - `metrics()`: the engine's counters as vLLM names them (metrics.py `Readings`); cheap,
+     non-blocking, any thread: the metrics exporter, the autoscaling signals and the routing
+     stats read it. `stats() -> EngineStats` is the typed view of the same reading.
+   - `check_alive()`: raises when the engine has died (Serve's health probe).
+4. `shutdown()`: once or more (idempotent), from the replica's teardown; after it no other
+   call is made. An engine whose start failed may be shut down too.
+
+The engine is role-agnostic: its role (kv_producer, kv_consumer, None) is data in the spec,
+and which calls a replica makes follows from the role (prefill_workers/, decode_workers/).
+"""
+
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, AsyncIterator, Optional
+
+from cluster.config import EngineConfig, KVTransferConfig
+from kv_transfer.handoff import EngineIdentity
+from kv_transfer.nixl import KVRole, NixlEndpoint
+
+if TYPE_CHECKING:
+    from cluster.protocol import EngineRequest, PrefillResult
+
+
+@dataclass(frozen=True)
+class KVEventsEndpoint:
+    """Where this engine publishes its KV-cache events (router/kv_events.py follows them):
+    the PUB and replay sockets the EngineCore bound on the node's cluster address."""
+
+    endpoint: str
+    replay_endpoint: Optional[str]
+
+
+@dataclass(frozen=True)
+class EngineSpec:
+    """Everything an engine needs to start, made by the replica (replica.py build_engine_spec)."""
+
+    model_path: Path
+    served_name: str
+    dtype: str
+    max_model_len: int
+    engine: EngineConfig
+    kv_role: Optional[KVRole]
+    kv: KVTransferConfig
+    nixl: Optional[NixlEndpoint]
+    cpu_binding: Optional[str]
+    on_gpu: bool
+    worker_id: str
+    # Publish KV-cache events, bound on this address (the node's cluster address: 127.0.0.1
+    # locally, the pod IP on Kubernetes); None: no events.
+    kv_events_host: Optional[str] = None
+    reasoning_parser: Optional[str] = None  # model.reasoning_parser: structured outputs start after reasoning
+
+
+@dataclass(frozen=True)
+class CacheLayout:
+    """How the engine hashes prefix-cache blocks: the router must hash prompts the same way."""
+
+    block_size: int
+    hash_algo: str
+    hash_seed: str
+
+    def as_stats(self) -> dict[str, Any]:
+        return {"block_size": self.block_size, "hash_algo": self.hash_algo, "hash_seed": self.hash_seed}
+
+
+@dataclass(frozen=True)
+class EngineInfo:
+    """Who a started engine is (start()'s answer)."""
+
+    worker_id: str
+    kv_role: Optional[KVRole]
+    cache: CacheLayout
+    # What a KV handoff between two engines must agree on (kv_transfer/handoff.py).
+    identity: EngineIdentity
+    kv_events: Optional[KVEventsEndpoint] = None
+
+
+@dataclass(frozen=True)
+class EngineStats:
+    """A snapshot of one engine's own counters (for VLLMEngine: vLLM's Prometheus metrics in
+    this process, read by metrics.py). Counters are cumulative since the engine started."""
+
+    worker_id: str
+    prompt_tokens_computed: float
+    prompt_tokens_cached: float
+    prompt_tokens_transferred: float
+    kv_bytes_transferred: float
+    # NIXL transfers this engine completed: vLLM's nixl_xfer_time histogram count, the same
+    # count the exporter publishes as tandem_engine_kv_transfers (metrics.py).
+    kv_transfers: float
+    kv_failed_transfers: float
+    requests_running: float
+    requests_waiting: float
+    kv_cache_usage: float
+    # Sum of NIXL transfer durations this engine measured (vLLM's nixl_xfer_time histogram):
+    # with kv_transfers, the share of TTFT spent moving KV (loadtest/bench/ttft_vs_direct.py).
+    kv_transfer_seconds: float = 0.0
+
+
+def cache_identity(spec: EngineSpec, block_size: int) -> EngineIdentity:
+    """The handoff identity of an engine built from `spec` (both engines derive it alike)."""
+    return EngineIdentity(model=spec.served_name, dtype=spec.dtype, kv_cache_dtype=spec.engine.kv_cache_dtype,
+                          block_size=block_size)
+
+
+class Engine(abc.ABC):
+    """One inference engine, owned by one replica (module docstring: lifecycle, call order)."""
+
+    def __init__(self, spec: EngineSpec):
+        self.spec = spec
+
+    @abc.abstractmethod
+    def start(self) -> EngineInfo:
+        """Start the engine; blocks until it takes requests."""
+
+    @abc.abstractmethod
+    async def prefill(self, request: "EngineRequest", *, first_token: bool = False) -> "PrefillResult":
+        """Compute the prompt's KV and keep it for a remote decode (max_tokens=1); with
+        `first_token` the sampled token is the answer's first (kv_transfer/first_token.py)."""
+
+    @abc.abstractmethod
+    def generate(self, request: "EngineRequest",
+                 kv_transfer_params: Optional[dict[str, Any]]) -> AsyncIterator[Any]:
+        """An async generator of vLLM RequestOutput DELTAs, prompt fields left out."""
+
+    @abc.abstractmethod
+    async def abort(self, request_id: str) -> None:
+        """Stop a request; unknown ids are ignored."""
+
+    @abc.abstractmethod
+    def metrics(self) -> dict[tuple[str, Optional[str]], float]:
+        """This engine's samples now, summed by (vLLM metric name, source label)."""
+
+    def stats(self) -> EngineStats:
+        """This engine's counters now, typed (one mapping for every engine: metrics.py)."""
+        from cluster.engine.metrics import engine_stats
+
+        return engine_stats(self.spec.worker_id, self.metrics())
+
+    @abc.abstractmethod
+    def check_alive(self) -> None:
+        """Raise if the engine has died."""
+
+    @abc.abstractmethod
+    def shutdown(self) -> None:
+        """Release the engine; idempotent."""

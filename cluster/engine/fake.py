@@ -1,0 +1,239 @@
+"""FakeEngine: a deterministic Engine (base.py) without vLLM, so the real Ray Serve graph
+(gateway, router, both pools) runs on CPU in seconds (tests/serve/). It lives in the package,
+not in tests/fakes.py, because Serve replicas import it by class (cluster/app.py build_app's
+`engine_cls`). A fake for tests of the graph's logic; what real engines do (NIXL, vLLM's
+scheduler, answers' quality) stays with tests/integration/.
+
+Behaviour:
+- Tokens: the next token is a function of the last one and the sequence's length, so an
+  answer is the same whether decode pulled the prompt, recomputed it, or continued after a
+  first token sampled on prefill. Every answer runs to max_tokens ("length"); no EOS.
+- KV: `prefill` returns kv_transfer_params of vLLM's NIXL shape (do_remote_prefill, engine
+  id, block ids, host, port). `generate` with such params "pulls" (counted as transferred
+  prompt tokens and one KV transfer), without them "recomputes" (computed prompt tokens).
+  A failed pull is counted and recomputed, as vLLM's kv_load_failure_policy=recompute does.
+- Counters: the same vLLM metric names VLLMEngine reads (metrics.py), so stats, the metrics
+  exporter, the autoscaling signals and the routing stats work unchanged; `stats()` adds the
+  request ids seen, pulled, recomputed, aborted and cancelled (FakeEngineStats), so a test
+  tells which replica did what.
+- Knobs (FakeKnobs): latency (start, prefill, per token) and failures (prefill raises, pull
+  fails, engine dead). Engine-wide from the constructor (functools.partial(FakeEngine,
+  knobs=...) as the app's engine_cls), or per request from the request's
+  SamplingParams.extra_args (`vllm_xargs` in an OpenAI request) under the names in KNOB_ARGS.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import importlib
+import json
+import time
+from collections import deque
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, AsyncIterator, Optional
+
+from cluster.engine.base import CacheLayout, Engine, EngineInfo, EngineSpec, EngineStats, cache_identity
+from cluster.engine.metrics import ITL_COUNT, ITL_SUM, KV_TRANSFERS, Readings
+from cluster.protocol import EngineRequest, PrefillResult
+
+_SOURCE = "vllm:prompt_tokens_by_source_total"
+FIRST_TOKEN_ID = 5  # below: the tiny model's special tokens
+RECENT = 1000  # request ids kept per list in stats
+
+
+@dataclass(frozen=True)
+class FakeKnobs:
+    start_s: float = 0.0  # start() takes this long
+    prefill_s: float = 0.0  # each prefill takes this long
+    token_s: float = 0.0  # the gap between generated tokens
+    fail_prefill: bool = False  # prefill raises (a broken prefill pool, as the gateway sees it)
+    fail_pull: bool = False  # the KV pull fails: counted, then the prompt is recomputed
+    dead: bool = False  # check_alive raises (Serve's health probe replaces the replica)
+
+
+# vllm_xargs name → knob: e.g. {"vllm_xargs": {"fake_fail_prefill": 1, "fake_token_s": 0.05}}.
+KNOB_ARGS = {f"fake_{f.name}": f.name for f in dataclasses.fields(FakeKnobs) if f.name not in ("start_s", "dead")}
+
+
+@dataclass(frozen=True)
+class FakeEngineStats(EngineStats):
+    seen: tuple[str, ...] = ()  # request ids this engine prefilled or generated
+    pulled: tuple[str, ...] = ()  # generated with a handoff's KV pulled
+    recomputed: tuple[str, ...] = ()  # generated with the prompt computed here
+    aborted: tuple[str, ...] = ()  # abort(request_id) calls, known ids or not
+    cancelled: tuple[str, ...] = ()  # generate streams closed before their last token, without an abort
+
+
+def fake_tokens(seq: list[int], n: int, vocab_size: int) -> list[int]:
+    """The n tokens FakeEngine generates after `seq`: each is a function of the one before
+    and the sequence's length, so where the answer was computed does not change it."""
+    seq, out = list(seq), []
+    span = max(vocab_size - FIRST_TOKEN_ID, 1)
+    for _ in range(n):
+        token = FIRST_TOKEN_ID + (seq[-1] * 31 + len(seq)) % span
+        seq.append(token)
+        out.append(token)
+    return out
+
+
+def _vocab_size(spec: EngineSpec) -> int:
+    try:
+        return int(json.loads((Path(spec.model_path) / "config.json").read_text())["vocab_size"])
+    except (OSError, KeyError, ValueError):
+        return 256
+
+
+class FakeEngine(Engine):
+    def __init__(self, spec: EngineSpec, knobs: FakeKnobs = FakeKnobs()):
+        super().__init__(spec)
+        self.knobs = knobs
+        self.info: Optional[EngineInfo] = None
+        self._vocab = _vocab_size(spec)
+        self._values: Readings = {}
+        self._running: dict[str, asyncio.Event] = {}  # request id → set on abort
+        self._ids = {name: deque(maxlen=RECENT) for name in ("seen", "pulled", "recomputed", "aborted", "cancelled")}
+        self._closed = False
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    def start(self) -> EngineInfo:
+        # vLLM's output types, imported now as VLLMEngine's start imports vLLM: a replica that
+        # imports vLLM on its first request holds its event loop (and Serve's queue-length
+        # probes, so Serve routes around it) for seconds.
+        importlib.import_module("vllm.outputs")
+
+        time.sleep(self.knobs.start_s)
+        block = self.spec.engine.block_size or 16
+        cache = CacheLayout(block_size=block, hash_algo="sha256", hash_seed="fake")
+        self.info = EngineInfo(worker_id=self.spec.worker_id, kv_role=self.spec.kv_role, cache=cache,
+                               identity=cache_identity(self.spec, block))
+        return self.info
+
+    def check_alive(self) -> None:
+        if self.knobs.dead or self._closed:
+            raise RuntimeError(f"fake engine {self.spec.worker_id} is dead")
+
+    def shutdown(self) -> None:
+        self._closed = True
+
+    # -- requests --------------------------------------------------------------------------
+
+    def next_token(self, seq: list[int]) -> int:
+        return fake_tokens(seq, 1, self._vocab)[0]
+
+    def _knobs(self, request: EngineRequest) -> FakeKnobs:
+        extra = request.sampling.extra_args or {}
+        wanted = {knob: extra[arg] for arg, knob in KNOB_ARGS.items() if arg in extra}
+        for knob, value in wanted.items():
+            wanted[knob] = bool(value) if knob.startswith("fail") else float(value)
+        return dataclasses.replace(self.knobs, **wanted) if wanted else self.knobs
+
+    def _add(self, key: tuple[str, Optional[str]], amount: float = 1.0) -> None:
+        self._values[key] = self._values.get(key, 0.0) + amount
+
+    async def prefill(self, request: EngineRequest, *, first_token: bool = False) -> PrefillResult:
+        knobs = self._knobs(request)
+        self._ids["seen"].append(request.request_id)
+        await asyncio.sleep(knobs.prefill_s)
+        if knobs.fail_prefill:
+            raise RuntimeError(f"fake prefill of {request.request_id} failed (knob fail_prefill)")
+        prompt = list(request.prompt_token_ids)
+        self._add((_SOURCE, "local_compute"), len(prompt))
+        wanted = request.sampling.max_tokens or 1
+        first = None
+        if first_token:
+            first = self._output(request.request_id, [self.next_token(prompt)],
+                                 "length" if wanted == 1 else None)
+        keep_kv = not first_token or wanted > 1
+        block = self.info.cache.block_size if self.info else 16
+        params = None
+        if keep_kv:
+            nixl = self.spec.nixl
+            params = {"do_remote_prefill": True, "do_remote_decode": False,
+                      "remote_engine_id": self.spec.worker_id,
+                      "remote_block_ids": list(range(-(-len(prompt) // block))),
+                      "remote_host": nixl.host if nixl else "127.0.0.1", "remote_port": nixl.port if nixl else 0,
+                      "remote_num_tokens": len(prompt)}
+        return PrefillResult(request_id=request.request_id, kv_transfer_params=params,
+                             worker_id=self.spec.worker_id, num_prompt_tokens=len(prompt), first=first)
+
+    async def generate(self, request: EngineRequest,
+                       kv_transfer_params: Optional[dict[str, Any]]) -> AsyncIterator[Any]:
+        knobs = self._knobs(request)
+        rid = request.request_id
+        self._ids["seen"].append(rid)
+        seq = list(request.prompt_token_ids)
+        if kv_transfer_params and kv_transfer_params.get("do_remote_prefill") and not knobs.fail_pull:
+            self._add((_SOURCE, "external_kv_transfer"), len(seq))
+            self._add(KV_TRANSFERS)
+            self._add(("vllm:nixl_bytes_transferred_sum", None), 64.0 * len(seq))
+            self._ids["pulled"].append(rid)
+        else:
+            if kv_transfer_params:
+                self._add(("vllm:nixl_num_failed_transfers_total", None))
+            self._add((_SOURCE, "local_compute"), len(seq))
+            self._ids["recomputed"].append(rid)
+        aborted = self._running.setdefault(rid, asyncio.Event())
+        self._set_running()
+        started = last = time.perf_counter()
+        done = False
+        try:
+            limit = request.sampling.max_tokens or 16
+            for i in range(limit):
+                if knobs.token_s:
+                    try:  # a token's wait ends early on abort
+                        await asyncio.wait_for(aborted.wait(), knobs.token_s)
+                    except asyncio.TimeoutError:
+                        pass
+                else:
+                    await asyncio.sleep(0)
+                if aborted.is_set():
+                    return
+                token = self.next_token(seq)
+                seq.append(token)
+                now = time.perf_counter()
+                if i == 0:
+                    self._add(("vllm:time_to_first_token_seconds_sum", None), now - started)
+                    self._add(("vllm:time_to_first_token_seconds_count", None))
+                else:
+                    self._add(ITL_SUM, now - last)
+                    self._add(ITL_COUNT)
+                last = now
+                self._add(("vllm:generation_tokens_total", None))
+                done = i == limit - 1
+                if done:
+                    self._add(("vllm:request_success_total", None))
+                yield self._output(rid, [token], "length" if done else None)
+        finally:  # also when the caller closes the stream early (the client left)
+            if not done and not aborted.is_set():
+                self._ids["cancelled"].append(rid)
+            self._running.pop(rid, None)
+            self._set_running()
+
+    async def abort(self, request_id: str) -> None:
+        self._ids["aborted"].append(request_id)
+        event = self._running.get(request_id)
+        if event is not None:
+            event.set()
+
+    def _output(self, request_id: str, token_ids: list[int], finish_reason: Optional[str]) -> Any:
+        from vllm.outputs import CompletionOutput, RequestOutput
+
+        completion = CompletionOutput(0, "".join(f"{t} " for t in token_ids), list(token_ids), None, None,
+                                      finish_reason=finish_reason)
+        return RequestOutput(request_id, None, None, None, [completion], finish_reason is not None)
+
+    # -- counters --------------------------------------------------------------------------
+
+    def _set_running(self) -> None:
+        self._values[("vllm:num_requests_running", None)] = float(len(self._running))
+        self._values[("vllm:kv_cache_usage_perc", None)] = len(self._running) / max(self.spec.engine.max_num_seqs, 1)
+
+    def metrics(self) -> Readings:
+        return dict(self._values)
+
+    def stats(self) -> FakeEngineStats:
+        base = super().stats()
+        return FakeEngineStats(**dataclasses.asdict(base), **{k: tuple(v) for k, v in self._ids.items()})

@@ -1,0 +1,140 @@
+"""One real Ray Serve graph for the whole folder: the gateway (vLLM's OpenAI app over the
+tiny model's tokenizer), the KV-aware router and both pools, built by cluster/app.py
+build_app exactly as `tandem run` builds it, with FakeEngine (cluster/engine/fake.py) as
+every replica's engine. No vLLM engine, no NIXL: seconds per test.
+
+Ports: the gateway and Ray's metrics export get free ports; Ray's own (GCS, raylet, agents)
+are Ray's choice for a new local cluster. Nothing here uses tests/integration's fixed ports,
+but a run still takes the shared lock, since it starts Ray.
+
+Order: this folder's tests run first in a session. Its Ray instance must be gone before
+tests/integration starts its own cluster (one driver connects to one Ray cluster), and the
+integration cluster lives until the session ends; so the fixture is package-scoped (torn
+down after this folder's last test) and `pytest_collection_modifyitems` puts the folder's
+tests ahead of the others (a stable sort: the others keep their order).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import TEST_STATE
+
+MODEL_NAME = "tiny-llama"
+DECODE_REPLICAS = 2  # two, so pinning (n > 1 samples, where a stream runs) is observable
+PREFILL_TIMEOUT_S = 2.0  # short: the prefill-timeout test waits it out
+HERE = Path(__file__).resolve().parent
+
+
+def pytest_collection_modifyitems(config, items):
+    items.sort(key=lambda item: Path(str(item.fspath)).resolve().parent != HERE)
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def serve_config(model_dir: Path, gateway_port: int, metrics_port: int):
+    from cluster.config import ClusterConfig
+
+    engine = {"kv_cache_bytes": 16 << 20, "max_num_seqs": 8, "block_size": 16}
+    pool = {"num_cpus": 0, "engine": engine}
+    return ClusterConfig.model_validate({
+        "model": {"path": str(model_dir), "name": MODEL_NAME, "dtype": "float32", "max_model_len": 512},
+        "gateway": {"host": "127.0.0.1", "port": gateway_port},
+        "tiers": {"interactive": {"prefill": {"replicas": 1, **pool},
+                                  "decode": {"replicas": DECODE_REPLICAS, **pool}}},
+        "kv_transfer": {"prefill_timeout_s": PREFILL_TIMEOUT_S},
+        "routing": {"disaggregation": "always"},  # every request takes the P/D path
+        "ray": {"num_cpus": 2, "metrics_export_port": metrics_port},
+    })
+
+
+@dataclass(frozen=True)
+class ServeGraph:
+    url: str
+    cfg: object
+    vocab_size: int
+
+
+def _wait_healthy(url: str, deadline: float) -> None:
+    last = ""
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(url + "/health", timeout=5) as resp:
+                if resp.status == 200:
+                    return
+        except urllib.error.HTTPError as exc:
+            last = exc.read().decode(errors="replace")
+        except OSError as exc:
+            last = str(exc)
+        time.sleep(0.25)
+    raise TimeoutError(f"the Serve graph did not get healthy; last /health answer: {last}")
+
+
+@pytest.fixture(scope="package")
+def graph(tiny_model_dir):
+    from cluster.local import LOCAL_RAY_ENV, _reload_ray_settings, ensure_ray_token, ray_auth_env
+
+    env = {**LOCAL_RAY_ENV, "VLLM_CACHE_ROOT": str(TEST_STATE / "cache" / "vllm")}
+    os.environ.update(env)
+    os.environ.update(ray_auth_env(ensure_ray_token(TEST_STATE / "ray_auth_token")))
+
+    import ray
+    from ray import serve
+
+    from cluster.app import build_app
+    from cluster.types import APP_NAME
+    from cluster.engine.fake import FakeEngine
+
+    if ray.is_initialized():  # a driver connects to one Ray cluster; ours is a new one
+        ray.shutdown()
+    _reload_ray_settings()
+    cfg = serve_config(tiny_model_dir, _free_port(), _free_port())
+    started = time.monotonic()
+    ray.init(num_cpus=2, include_dashboard=False, _node_ip_address="127.0.0.1",
+             _metrics_export_port=cfg.ray.metrics_export_port, runtime_env={"env_vars": env},
+             logging_level="warning")
+    try:
+        serve.start(proxy_location="HeadOnly", http_options={"host": "127.0.0.1", "port": cfg.gateway.port},
+                    logging_config={"log_level": "WARNING"})
+        serve.run(build_app(cfg, engine_cls=FakeEngine), name=APP_NAME, route_prefix="/")
+        url = f"http://127.0.0.1:{cfg.gateway.port}"
+        _wait_healthy(url, started + 240)
+        print(f"\n[tests/serve] Serve graph with FakeEngine ready in {time.monotonic() - started:.1f} s")
+        vocab = json.loads((Path(tiny_model_dir) / "config.json").read_text())["vocab_size"]
+        yield ServeGraph(url=url, cfg=cfg, vocab_size=vocab)
+    finally:
+        try:
+            serve.shutdown()
+        finally:
+            ray.shutdown()
+
+
+def replica_stats(pool: str, replicas: int) -> dict:
+    """{worker_id: FakeEngineStats} of every replica of a pool ("prefill", "decode"): a handle
+    call lands on a replica Serve picks, so this asks until it has heard from each."""
+    from ray import serve
+
+    from cluster.types import APP_NAME, PoolId
+
+    handle = serve.get_deployment_handle(PoolId("interactive", pool).deployment_name, app_name=APP_NAME)
+    seen: dict = {}
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        stats = handle.stats.remote().result()
+        seen[stats.worker_id] = stats
+        if len(seen) == replicas:
+            return seen
+    raise AssertionError(f"heard from {sorted(seen)} only, expected {replicas} replicas of {pool}")

@@ -67,7 +67,7 @@ class RoutingStats:
     hash_seed: Optional[str] = None
     kv_usage: float = 0.0  # 0..1
     running_seqs: int = 0
-    queued_prompt_tokens: int = 0  # a prefill engine's prompt tokens waiting
+    queued_prompt_tokens: Optional[int] = None  # a prefill engine's prompt tokens waiting
     step_s: Optional[float] = None  # a decode engine's mean token gap since its last report
     step_n: Optional[int] = None  # over this many gaps
     kv_events: Optional[str] = None  # the engine's KV-event endpoint

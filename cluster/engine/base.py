@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, AsyncIterator, Optional
 
 from cluster.config import EngineConfig, KVTransferConfig
+from cluster.engine.metrics import EngineStats, engine_stats
 from kv_transfer.handoff import EngineIdentity
 from kv_transfer.nixl import KVRole, NixlEndpoint
 
@@ -99,28 +100,6 @@ class EngineInfo:
     kv_events: Optional[KVEventsEndpoint] = None
 
 
-@dataclass(frozen=True)
-class EngineStats:
-    """A snapshot of one engine's own counters (for VLLMEngine: vLLM's Prometheus metrics in
-    this process, read by metrics.py). Counters are cumulative since the engine started."""
-
-    worker_id: str
-    prompt_tokens_computed: float
-    prompt_tokens_cached: float
-    prompt_tokens_transferred: float
-    kv_bytes_transferred: float
-    # NIXL transfers this engine completed: vLLM's nixl_xfer_time histogram count, the same
-    # count the exporter publishes as tandem_engine_kv_transfers (metrics.py).
-    kv_transfers: float
-    kv_failed_transfers: float
-    requests_running: float
-    requests_waiting: float
-    kv_cache_usage: float
-    # Sum of NIXL transfer durations this engine measured (vLLM's nixl_xfer_time histogram):
-    # with kv_transfers, the share of TTFT spent moving KV (loadtest/bench/ttft_vs_direct.py).
-    kv_transfer_seconds: float = 0.0
-
-
 def cache_identity(spec: EngineSpec, block_size: int) -> EngineIdentity:
     """The handoff identity of an engine built from `spec` (both engines derive it alike)."""
     return EngineIdentity(model=spec.served_name, dtype=spec.dtype, kv_cache_dtype=spec.engine.kv_cache_dtype,
@@ -157,8 +136,6 @@ class Engine(abc.ABC):
 
     def stats(self) -> EngineStats:
         """This engine's counters now, typed (one mapping for every engine: metrics.py)."""
-        from cluster.engine.metrics import engine_stats
-
         return engine_stats(self.spec.worker_id, self.metrics())
 
     @abc.abstractmethod

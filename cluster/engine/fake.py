@@ -34,8 +34,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, AsyncIterator, Optional
 
-from cluster.engine.base import CacheLayout, Engine, EngineInfo, EngineSpec, EngineStats, cache_identity
-from cluster.engine.metrics import ITL_COUNT, ITL_SUM, KV_TRANSFERS, Readings
+from cluster.engine.base import CacheLayout, Engine, EngineInfo, EngineSpec, cache_identity
+from cluster.engine.metrics import ITL_COUNT, ITL_SUM, KV_TRANSFERS, EngineStats, Readings
 from cluster.protocol import EngineRequest, PrefillResult
 
 _SOURCE = "vllm:prompt_tokens_by_source_total"

@@ -21,9 +21,9 @@ from __future__ import annotations
 
 import logging
 import threading
+from dataclasses import dataclass
 from typing import Callable, Optional
 
-from cluster.engine.base import EngineStats
 from cluster.metrics import Counter, Gauge
 
 log = logging.getLogger(__name__)
@@ -38,6 +38,28 @@ ITL_COUNT = ("vllm:inter_token_latency_seconds_count", None)
 # One definition of a KV transfer: a completed NIXL transfer, counted by the transfer-time
 # histogram (whose sum is kv_transfer_seconds), in EngineStats and in the exporter alike.
 KV_TRANSFERS = ("vllm:nixl_xfer_time_seconds_count", None)
+
+
+@dataclass(frozen=True)
+class EngineStats:
+    """A snapshot of one engine's own counters (for VLLMEngine: vLLM's Prometheus metrics in
+    this process, read here). Counters are cumulative since the engine started."""
+
+    worker_id: str
+    prompt_tokens_computed: float
+    prompt_tokens_cached: float
+    prompt_tokens_transferred: float
+    kv_bytes_transferred: float
+    # NIXL transfers this engine completed: vLLM's nixl_xfer_time histogram count, the same
+    # count the exporter publishes as tandem_engine_kv_transfers (below).
+    kv_transfers: float
+    kv_failed_transfers: float
+    requests_running: float
+    requests_waiting: float
+    kv_cache_usage: float
+    # Sum of NIXL transfer durations this engine measured (vLLM's nixl_xfer_time histogram):
+    # with kv_transfers, the share of TTFT spent moving KV (loadtest/bench/ttft_vs_direct.py).
+    kv_transfer_seconds: float = 0.0
 
 
 def read_vllm_metrics() -> Readings:

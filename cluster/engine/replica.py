@@ -21,8 +21,8 @@ from typing import Callable, Optional
 
 from cluster.autoscaling.signals import ReplicaSignals
 from cluster.config import ClusterConfig
-from cluster.engine.base import Engine, EngineInfo, EngineSpec, EngineStats
-from cluster.engine.metrics import ITL_COUNT, ITL_SUM, EngineMetricsExporter
+from cluster.engine.base import Engine, EngineInfo, EngineSpec
+from cluster.engine.metrics import ITL_COUNT, ITL_SUM, EngineMetricsExporter, EngineStats
 from cluster.engine.metrics import engine_stats as engine_stats_of
 from cluster.hardware import cpu_flags, engine_dtype, has_nvidia_gpu
 from cluster.types import PoolId, RoutingStats

@@ -224,7 +224,7 @@ class KVRouter:
             prefill_view = PrefillView(queued_tokens=0)
         else:
             p_stats = self._stats_of(prefill.worker)
-            queued = max(p_stats.queued_prompt_tokens,
+            queued = max(p_stats.queued_prompt_tokens or 0,
                          self._queued_tokens.get(prefill.worker.replica_id, 0))
             prefill_view = PrefillView(queued_tokens=queued,
                                        model=self._models.get(prefill.worker.worker_id, EngineCostModel()))

@@ -191,18 +191,7 @@ class LocalCluster:
                 last = line
 
     def _wait_ready(self, deadline: float) -> None:
-        last_error = ""
-        while time.monotonic() < deadline:
-            try:
-                with urllib.request.urlopen(self.url + "/health", timeout=10) as resp:
-                    if resp.status == 200:
-                        return
-            except urllib.error.HTTPError as exc:
-                last_error = exc.read().decode(errors="replace")
-            except OSError as exc:
-                last_error = str(exc)
-            time.sleep(1)
-        raise TimeoutError(f"cluster not ready in time; last /health answer: {last_error}")
+        wait_until_ready(self.url, deadline)
 
     def health(self) -> dict:
         with urllib.request.urlopen(self.url + "/health", timeout=10) as resp:
@@ -219,3 +208,20 @@ class LocalCluster:
             if self._started_ray:
                 ray.shutdown()
         self.progress("[tandem] stopped")
+
+
+def wait_until_ready(url: str, deadline: float, poll_s: float = 1.0) -> None:
+    """Poll a gateway's /health until it answers 200; past `deadline` (monotonic), raise with
+    its last answer (which pool is not ready, or why nothing answered)."""
+    last_error = ""
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(url + "/health", timeout=10) as resp:
+                if resp.status == 200:
+                    return
+        except urllib.error.HTTPError as exc:
+            last_error = exc.read().decode(errors="replace")
+        except OSError as exc:
+            last_error = str(exc)
+        time.sleep(poll_s)
+    raise TimeoutError(f"the gateway at {url} was not ready in time; last /health answer: {last_error}")

@@ -20,8 +20,6 @@ import json
 import os
 import socket
 import time
-import urllib.error
-import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -68,24 +66,9 @@ class ServeGraph:
     vocab_size: int
 
 
-def _wait_healthy(url: str, deadline: float) -> None:
-    last = ""
-    while time.monotonic() < deadline:
-        try:
-            with urllib.request.urlopen(url + "/health", timeout=5) as resp:
-                if resp.status == 200:
-                    return
-        except urllib.error.HTTPError as exc:
-            last = exc.read().decode(errors="replace")
-        except OSError as exc:
-            last = str(exc)
-        time.sleep(0.25)
-    raise TimeoutError(f"the Serve graph did not get healthy; last /health answer: {last}")
-
-
 @pytest.fixture(scope="package")
 def graph(tiny_model_dir):
-    from cluster.local import LOCAL_RAY_ENV, _reload_ray_settings, ensure_ray_token, ray_auth_env
+    from cluster.local import LOCAL_RAY_ENV, _reload_ray_settings, ensure_ray_token, ray_auth_env, wait_until_ready
 
     env = {**LOCAL_RAY_ENV, "VLLM_CACHE_ROOT": str(TEST_STATE / "cache" / "vllm")}
     os.environ.update(env)
@@ -111,7 +94,7 @@ def graph(tiny_model_dir):
                     logging_config={"log_level": "WARNING"})
         serve.run(build_app(cfg, engine_cls=FakeEngine), name=APP_NAME, route_prefix="/")
         url = f"http://127.0.0.1:{cfg.gateway.port}"
-        _wait_healthy(url, started + 240)
+        wait_until_ready(url, started + 240, poll_s=0.25)
         print(f"\n[tests/serve] Serve graph with FakeEngine ready in {time.monotonic() - started:.1f} s")
         vocab = json.loads((Path(tiny_model_dir) / "config.json").read_text())["vocab_size"]
         yield ServeGraph(url=url, cfg=cfg, vocab_size=vocab)

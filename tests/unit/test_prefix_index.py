@@ -190,28 +190,41 @@ class ExplodingIndex(MemoryPrefixIndex):
         return super().apply(events)
 
 
-def test_router_restarts_a_dead_subscriber():
-    import asyncio
+def _prefill_router(index):
+    """A KVRouter over one prefill pool, the pool's directory, a request, and a KV-event
+    publisher for the replica `p1` to report."""
     import random
 
     from vllm import SamplingParams
 
     from cluster.protocol import EngineRequest
     from router.routing.decider import PDDecider
-    from router.routing.directory import PoolDirectory, ReplicaInfo
-    from cluster.types import RoutingStats
+    from router.routing.directory import PoolDirectory
     from router.routing.service import KVRouter
 
-    pub = FakeKVEventPublisher()
-    index = ExplodingIndex()
     prefill = PoolDirectory()
     router = KVRouter(directories={("interactive", "prefill"): prefill}, index=index, weights={"prefix": 1.0},
                       decider=PDDecider(0), rng=random.Random(0), clock=iter(range(0, 10**6, 10)).__next__)
     req = EngineRequest("r", tuple(range(8)), SamplingParams(max_tokens=1), tier="interactive")
+    return router, prefill, req, FakeKVEventPublisher()
+
+
+def _p1(pub):
+    from cluster.types import RoutingStats
+    from router.routing.directory import ReplicaInfo
+
+    return ReplicaInfo("p1", 4, RoutingStats(worker_id="interactive-prefill-p1", block_size=4,
+                                             kv_events=pub.endpoint, kv_replay=pub.replay_endpoint))
+
+
+def test_router_restarts_a_dead_subscriber():
+    import asyncio
+
+    index = ExplodingIndex()
+    router, prefill, req, pub = _prefill_router(index)
     worker = "interactive-prefill-p1"
     try:
-        prefill.set_replicas([ReplicaInfo("p1", 4, RoutingStats.from_dict({"worker_id": worker, "block_size": 4,
-                                                    "kv_events": pub.endpoint, "kv_replay": pub.replay_endpoint}))])
+        prefill.set_replicas([_p1(pub)])
         asyncio.run(router.route(req, "interactive"))
         first = router._subscribers[worker]
         wait_for(lambda: (pub.publish([stored(1)]), index.match([1]) == {worker: 1})[1])
@@ -230,25 +243,11 @@ def test_router_follows_workers_that_join_and_forgets_those_that_leave():
     """A replica's routing stats appearing in its pool directory is all it takes to join; when
     it leaves the directory, its index entries go."""
     import asyncio
-    import random
 
-    from vllm import SamplingParams
-
-    from cluster.protocol import EngineRequest
-    from router.routing.decider import PDDecider
-    from router.routing.directory import PoolDirectory, ReplicaInfo
-    from cluster.types import RoutingStats
-    from router.routing.service import KVRouter
-
-    pub = FakeKVEventPublisher()
     index = MemoryPrefixIndex()
-    prefill = PoolDirectory()
-    router = KVRouter(directories={("interactive", "prefill"): prefill}, index=index, weights={"prefix": 1.0},
-                      decider=PDDecider(0), rng=random.Random(0), clock=iter(range(0, 10**6, 10)).__next__)
-    req = EngineRequest("r", tuple(range(8)), SamplingParams(max_tokens=1), tier="interactive")
+    router, prefill, req, pub = _prefill_router(index)
     try:
-        prefill.set_replicas([ReplicaInfo("p1", 4, RoutingStats.from_dict({"worker_id": "interactive-prefill-p1", "block_size": 4,
-                                                    "kv_events": pub.endpoint, "kv_replay": pub.replay_endpoint}))])
+        prefill.set_replicas([_p1(pub)])
         asyncio.run(router.route(req, "interactive"))  # starts following p1's events
         wait_for(lambda: (pub.publish([stored(1)]), index.match([1]) == {"interactive-prefill-p1": 1})[1])
         prefill.set_replicas([])

@@ -1,0 +1,118 @@
+"""The systems the goodput benchmark compares, each started afresh on the same two cores (or
+two GPUs), and the unloaded calibration run. `serving(system, ...)` is a context manager that
+yields the URLs the load goes to and stops everything on exit.
+
+  tandem-adaptive   1 prefill + 1 decode engine through tandem's gateway; the decider picks
+                    remote or local prefill per request (routing.disaggregation: adaptive)
+  tandem-always     the same, every request prefilled remotely (disaggregation: always)
+  colocated-mbt<N>  two plain vLLM api_servers, one core each, round-robin, chunked prefill
+                    with max_num_batched_tokens N (one system per N of the sweep)
+  single            one plain vLLM api_server on both cores
+  rayllm-pd         Ray Serve LLM's own P/D (ray.serve.llm.build_pd_openai_app): the same Ray,
+                    vLLM and NIXL, one prefill and one decode engine, one core each
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from typing import Callable, Iterator, Literal, Optional
+
+from cluster.config import ClusterConfig
+from loadtest.bench.engines import DirectEngines, DirectEngineSpec
+from loadtest.measure.slo import Objective
+
+GATEWAY_PORT = 8000
+DIRECT_PORTS = (8101, 8102)
+RAYLLM_PORT = 8200
+NAMES = ("tandem-adaptive", "tandem-always", "colocated", "single", "rayllm-pd")
+
+
+@dataclass(frozen=True)
+class System:
+    name: str
+    kind: Literal["tandem", "direct", "rayllm"]
+    disaggregation: str = "adaptive"  # tandem only
+    engines: int = 2  # direct only: 2 colocated, 1 on both cores
+    max_num_batched_tokens: Optional[int] = None  # None: the run's --max-num-batched-tokens
+
+
+def systems_of(names: list[str], colocated_sweep: list[int]) -> list[System]:
+    """The systems to run, in order; `colocated` is one system per max_num_batched_tokens."""
+    out: list[System] = []
+    for name in names:
+        if name.startswith("tandem-"):
+            out.append(System(name, "tandem", disaggregation=name.removeprefix("tandem-")))
+        elif name == "colocated":
+            out += [System(f"colocated-mbt{n}", "direct", engines=2, max_num_batched_tokens=n)
+                    for n in colocated_sweep]
+        elif name == "single":
+            out.append(System("single", "direct", engines=1))
+        elif name == "rayllm-pd":
+            out.append(System(name, "rayllm"))
+        else:
+            raise ValueError(f"unknown system {name!r}; choose from {', '.join(NAMES)}")
+    return out
+
+
+def tandem_config(args, gpu: bool, disaggregation: str, objective: Objective) -> ClusterConfig:
+    engine = {"kv_cache_bytes": args.kv_cache_mib << 20, "max_num_seqs": args.max_num_seqs,
+              "max_num_batched_tokens": args.max_num_batched_tokens}
+    pool = {"num_gpus": 1, "num_cpus": 0} if gpu else {"num_cpus": 1}
+    return ClusterConfig.model_validate({
+        "model": {"path": str(args.model), "name": args.model.name, "dtype": args.dtype,
+                  "max_model_len": args.max_model_len},
+        "gateway": {"host": "127.0.0.1", "port": GATEWAY_PORT},
+        "tiers": {"interactive": {
+            "prefill": {"replicas": 1, "cpu_binding": ["0"], "engine": engine, **pool},
+            "decode": {"replicas": 1, "cpu_binding": ["1"], "engine": engine, **pool},
+            # The decider keeps requests within the tier's objectives: the calibrated ones.
+            "slo": {"ttft_s": objective.ttft_ms / 1000, "itl_s": objective.mean_itl_ms / 1000},
+            # Generous bounds: the baselines have no admission control, so neither may tandem
+            # turn load away here; a request that waits too long misses its objective instead.
+            "admission": {"max_running": 1024, "max_queued": 4096, "queue_timeout_s": 600},
+        }},
+        "routing": {"disaggregation": disaggregation},
+        "ray": {"num_cpus": None if gpu else 2},
+    })
+
+
+def direct_specs(args, system: System, gpu: bool) -> list[DirectEngineSpec]:
+    common = dict(model_path=args.model, served_name=args.model.name, dtype=args.dtype,
+                  max_model_len=args.max_model_len, on_gpu=gpu, max_num_seqs=args.max_num_seqs,
+                  max_num_batched_tokens=system.max_num_batched_tokens or args.max_num_batched_tokens)
+    kv = args.kv_cache_mib << 20
+    if system.engines == 2:
+        return [DirectEngineSpec(**common, kv_cache_bytes=kv, port=port, devices=dev)
+                for port, dev in zip(DIRECT_PORTS, ("0", "1"))]
+    # One engine with both cores (or GPUs) gets both engines' KV cache.
+    return [DirectEngineSpec(**common, kv_cache_bytes=2 * kv, port=DIRECT_PORTS[0],
+                             devices="0,1" if gpu else "0-1")]
+
+
+@contextlib.contextmanager
+def serving(system: System, args, gpu: bool, objective: Objective,
+            log: Callable[[str], None]) -> Iterator[list[str]]:
+    if system.kind == "tandem":
+        from cluster.local import LocalCluster
+
+        cluster = LocalCluster(tandem_config(args, gpu, system.disaggregation, objective), progress=log)
+        cluster.start()
+        try:
+            yield [cluster.url]
+        finally:
+            cluster.stop()
+    elif system.kind == "direct":
+        with DirectEngines(direct_specs(args, system, gpu), progress=log) as engines:
+            yield engines.urls
+    else:
+        from loadtest.bench.rayllm_pd import RayLLMPD
+
+        with RayLLMPD(args, gpu, RAYLLM_PORT, log) as url:
+            yield [url]
+
+
+def one_core_engine(args, gpu: bool) -> DirectEngines:
+    """The calibration engine: one plain vLLM engine on one core (a colocated engine's share)."""
+    spec = direct_specs(args, System("calibration", "direct", engines=2), gpu)[0]
+    return DirectEngines([spec])

@@ -56,9 +56,10 @@ class RayLLMPD:
         from ray import serve
         from ray.serve.llm import build_pd_openai_app
 
-        # Logical CPUs for the ingress and the servers' own actors; the engines are bound to
-        # cores 0 and 1 by VLLM_CPU_OMP_THREADS_BIND, as tandem's are.
-        ray.init(num_cpus=4, include_dashboard=False, _node_ip_address="127.0.0.1", logging_level="warning")
+        # Logical CPUs: each engine's placement group and server actor and the ingress take
+        # one each (with 4 the ingress never got scheduled); the engines are bound to cores
+        # 0 and 1 by VLLM_CPU_OMP_THREADS_BIND, as tandem's are.
+        ray.init(num_cpus=8, include_dashboard=False, _node_ip_address="127.0.0.1", logging_level="warning")
         try:
             serve.start(http_options={"host": "127.0.0.1", "port": self.port})
             app = build_pd_openai_app({

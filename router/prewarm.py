@@ -23,7 +23,7 @@ import uuid
 from typing import Callable, Mapping, Optional
 
 from cluster.protocol import EngineRequest
-from cluster.types import TierPools
+from cluster.types import ROLES, TierPools
 from router.routing.service import KVRouter
 from router.routing.types import Pick, Worker
 
@@ -72,10 +72,10 @@ class HandshakeWarmer:
         """Serve builds a handle's request router, which lists the replicas in the directory,
         on the handle's first call: make one (cheap) where a pool shows no replica yet."""
         for tier, pools in self._pools.items():
-            for pool in ("prefill", "decode"):
-                if not self._router.workers(tier, pool):
+            for role in ROLES:
+                if not self._router.workers(tier, role):
                     with contextlib.suppress(Exception):
-                        await asyncio.wait_for(getattr(pools, pool).stats.remote(), HOP_TIMEOUT_S)
+                        await asyncio.wait_for(pools.of(role).stats.remote(), HOP_TIMEOUT_S)
 
     def pending(self) -> list[tuple[str, Worker, Worker]]:
         """(tier, prefill, decode) pairs of live replicas not yet warmed."""

@@ -166,7 +166,11 @@ class DisaggregatedBackend:
 
     @contextlib.contextmanager
     def _dispatch(self, decision: Optional[RouteDecision], pool: str, request: EngineRequest):
-        """Around one hop: pin it to the routed replica, and remember where it went until it ends."""
+        """Around one hop: pin it to the routed replica, and remember where it went until it ends.
+
+        A hop cancelled (the client left during an await) or closed (it left while the stream
+        waited at a yield) is aborted here, on the replica it went to: by the time the cancel
+        reaches the engine client's own abort, this hop is no longer in flight."""
         pick = None if decision is None else (decision.prefill if pool == "prefill" else decision.decode)
         hop = _Hop(self._tier(request).of(pool), pick)
         hops = self._hops.setdefault(request.request_id, {})
@@ -174,6 +178,10 @@ class DisaggregatedBackend:
         try:
             with self._pinned(pick, request.request_id):
                 yield
+        except (asyncio.CancelledError, GeneratorExit):
+            if hops.get(pool) is hop:  # else `abort` has sent it already
+                self._abort_soon(hop, request.request_id)
+            raise
         finally:
             if hops.get(pool) is hop:
                 del hops[pool]
@@ -269,7 +277,10 @@ class DisaggregatedBackend:
         nothing to abort (its KV waits for decode's pull, or decode's abort frees it); an
         unknown id has nothing in flight."""
         ids = self._samples.get(request_id, [request_id])
-        hops = [(hop, rid) for rid in ids for hop in self._hops.get(rid, {}).values()]
+        hops = []
+        for rid in ids:  # taken out, so the cancel that follows sends no second abort
+            in_flight = self._hops.get(rid, {})
+            hops += [(in_flight.pop(pool), rid) for pool in list(in_flight)]
         await asyncio.gather(*(self._abort_hop(hop, rid) for hop, rid in hops), return_exceptions=True)
 
     async def _abort_hop(self, hop: _Hop, request_id: str) -> None:
@@ -284,8 +295,11 @@ class DisaggregatedBackend:
 
     def _abort_later(self, request_id: str, pool: str) -> None:
         hop = self._hops.get(request_id, {}).get(pool)
-        if hop is None:
-            return
+        if hop is not None:
+            self._abort_soon(hop, request_id)
+
+    def _abort_soon(self, hop: _Hop, request_id: str) -> None:
+        """Fire and forget: a cancelled task must not wait for the abort's answer."""
         task = asyncio.ensure_future(self._abort_hop(hop, request_id))
         self._aborts.add(task)
         task.add_done_callback(self._aborts.discard)

@@ -63,6 +63,33 @@ def test_abort_mid_stream_goes_to_the_decode_replica_of_the_request():
                                        for i in range(30))
 
 
+@pytest.mark.parametrize("leave", ["cancel", "close"])
+def test_a_stream_left_mid_decode_is_aborted_on_its_decode_replica_without_an_abort_call(leave):
+    """The client left: vLLM's serving code cancels the task awaiting the next chunk, or closes
+    the stream while it waits at a yield. The backend aborts the hop itself, pinned, once."""
+    async def main():
+        backend, pools = make_backend()
+        for i in range(10):
+            it = backend.generate(request(i))
+            await anext(it)
+            await anext(it)  # decode streams
+            if leave == "close":
+                await it.aclose()
+            else:
+                waiting = asyncio.ensure_future(anext(it))
+                await asyncio.sleep(0)
+                waiting.cancel()
+                await asyncio.gather(waiting, return_exceptions=True)
+            await asyncio.sleep(0.01)  # the abort is sent in the background
+        return backend, pools
+
+    backend, pools = asyncio.run(main())
+    for i in range(10):
+        rid = f"req-{i}"
+        assert pools.decode.replica_of("abort", rid) == pools.decode.replica_of("generate", rid)
+    assert backend._hops == {} and backend._aborts == set()
+
+
 def test_abort_of_a_finished_or_unknown_request_sends_nothing():
     async def main():
         backend, pools = make_backend()

@@ -12,6 +12,11 @@ Behaviour:
   id, block ids, host, port). `generate` with such params "pulls" (counted as transferred
   prompt tokens and one KV transfer), without them "recomputes" (computed prompt tokens).
   A failed pull is counted and recomputed, as vLLM's kv_load_failure_policy=recompute does.
+- KV events: with `spec.kv_events_host` set (prefix caching on), vLLM's own ZMQ publisher
+  (PUB + replay, bound on that host) sends a BlockStored for each full prompt block this
+  engine computes or pulls for the first time, hashed with vLLM's own block hash (sha256):
+  the router's subscribers and prefix index follow a fake engine as they follow a real one.
+  No eviction: nothing is ever removed.
 - Counters: the same vLLM metric names VLLMEngine reads (metrics.py), so stats, the metrics
   exporter, the autoscaling signals and the routing stats work unchanged; `stats()` adds the
   request ids seen, pulled, recomputed, aborted and cancelled (FakeEngineStats), so a test
@@ -28,13 +33,14 @@ import asyncio
 import dataclasses
 import importlib
 import json
+import os
 import time
 from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, AsyncIterator, Optional
 
-from cluster.engine.base import CacheLayout, Engine, EngineInfo, EngineSpec, cache_identity
+from cluster.engine.base import CacheLayout, Engine, EngineInfo, EngineSpec, KVEventsEndpoint, cache_identity
 from cluster.engine.metrics import ITL_COUNT, ITL_SUM, KV_TRANSFERS, EngineStats, Readings
 from cluster.protocol import EngineRequest, PrefillResult
 
@@ -78,6 +84,50 @@ def fake_tokens(seq: list[int], n: int, vocab_size: int) -> list[int]:
     return out
 
 
+class _KVEvents:
+    """vLLM's ZmqEventPublisher, fed the BlockStored events of the blocks first cached here."""
+
+    def __init__(self, host: str, block_size: int):
+        from vllm.distributed.kv_events import ZmqEventPublisher
+        from vllm.utils.hashing import sha256
+        from vllm.v1.core import kv_cache_utils
+
+        os.environ["VLLM_HOST_IP"] = host  # "tcp://*:0" binds a free port on this address
+        kv_cache_utils.init_none_hash(sha256)
+        self.seed = kv_cache_utils.get_none_hash_seed()
+        self._hash = lambda parent, tokens, extra: kv_cache_utils.hash_block_tokens(sha256, parent, tokens, extra)
+        self._block_size = block_size
+        self._publisher = ZmqEventPublisher(0, endpoint="tcp://*:0", replay_endpoint="tcp://*:0")
+        config = self._publisher.get_publisher_config()
+        self.endpoint = KVEventsEndpoint(endpoint=config.endpoint, replay_endpoint=config.replay_endpoint)
+        self._stored: set[bytes] = set()
+
+    def store(self, token_ids: list[int], cache_salt: Optional[str]) -> None:
+        from vllm.distributed.kv_events import BlockStored, KVEventBatch
+        from vllm.v1.core.kv_cache_utils import maybe_convert_block_hash
+
+        size, parent, new, first_parent = self._block_size, None, [], None
+        for start in range(0, len(token_ids) - size + 1, size):
+            extra = (("cache_salt", cache_salt),) if start == 0 and cache_salt else None
+            block = self._hash(parent, token_ids[start:start + size], extra)
+            if block not in self._stored:
+                if not new:
+                    first_parent = parent
+                self._stored.add(block)
+                new.append((start, block))
+            parent = block
+        if not new:
+            return
+        event = BlockStored(block_hashes=[maybe_convert_block_hash(b) for _, b in new],
+                            parent_block_hash=None if first_parent is None else maybe_convert_block_hash(first_parent),
+                            token_ids=token_ids[new[0][0]:new[-1][0] + size], block_size=size,
+                            lora_id=None, medium="CPU", lora_name=None)
+        self._publisher.publish(KVEventBatch(ts=time.time(), events=[event]))
+
+    def shutdown(self) -> None:
+        self._publisher.shutdown()
+
+
 def _vocab_size(spec: EngineSpec) -> int:
     try:
         return int(json.loads((Path(spec.model_path) / "config.json").read_text())["vocab_size"])
@@ -95,6 +145,7 @@ class FakeEngine(Engine):
         self._running: dict[str, asyncio.Event] = {}  # request id → set on abort
         self._ids = {name: deque(maxlen=RECENT) for name in ("seen", "pulled", "recomputed", "aborted", "cancelled")}
         self._closed = False
+        self._kv_events: Optional[_KVEvents] = None
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -106,9 +157,13 @@ class FakeEngine(Engine):
 
         time.sleep(self.knobs.start_s)
         block = self.spec.engine.block_size or 16
-        cache = CacheLayout(block_size=block, hash_algo="sha256", hash_seed="fake")
+        if self.spec.kv_events_host is not None:
+            self._kv_events = _KVEvents(self.spec.kv_events_host, block)
+        seed = self._kv_events.seed if self._kv_events else "fake"
+        cache = CacheLayout(block_size=block, hash_algo="sha256", hash_seed=seed)
         self.info = EngineInfo(worker_id=self.spec.worker_id, kv_role=self.spec.kv_role, cache=cache,
-                               identity=cache_identity(self.spec, block))
+                               identity=cache_identity(self.spec, block),
+                               kv_events=self._kv_events.endpoint if self._kv_events else None)
         return self.info
 
     def check_alive(self) -> None:
@@ -116,6 +171,8 @@ class FakeEngine(Engine):
             raise RuntimeError(f"fake engine {self.spec.worker_id} is dead")
 
     def shutdown(self) -> None:
+        if not self._closed and self._kv_events is not None:
+            self._kv_events.shutdown()
         self._closed = True
 
     # -- requests --------------------------------------------------------------------------
@@ -141,6 +198,7 @@ class FakeEngine(Engine):
             raise RuntimeError(f"fake prefill of {request.request_id} failed (knob fail_prefill)")
         prompt = list(request.prompt_token_ids)
         self._add((_SOURCE, "local_compute"), len(prompt))
+        self._cached(request)
         wanted = request.sampling.max_tokens or 1
         first = None
         if first_token:
@@ -175,6 +233,7 @@ class FakeEngine(Engine):
                 self._add(("vllm:nixl_num_failed_transfers_total", None))
             self._add((_SOURCE, "local_compute"), len(seq))
             self._ids["recomputed"].append(rid)
+        self._cached(request)
         aborted = self._running.setdefault(rid, asyncio.Event())
         self._set_running()
         started = last = time.perf_counter()
@@ -211,6 +270,10 @@ class FakeEngine(Engine):
                 self._ids["cancelled"].append(rid)
             self._running.pop(rid, None)
             self._set_running()
+
+    def _cached(self, request: EngineRequest) -> None:
+        if self._kv_events is not None:
+            self._kv_events.store(list(request.prompt_token_ids), request.cache_salt)
 
     async def abort(self, request_id: str) -> None:
         self._ids["aborted"].append(request_id)

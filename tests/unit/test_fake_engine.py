@@ -132,3 +132,40 @@ def test_the_replica_hooks_read_the_fake_engines_counters():
     with pytest.raises(RuntimeError, match="dead"):
         decode.check_health()
     assert dataclasses.is_dataclass(decode.stats())
+
+
+@pytest.mark.parametrize("salt", [None, "tenant-a"])
+def test_kv_events_of_a_fake_engine_are_what_the_router_hashes(salt, monkeypatch):
+    """With kv_events_host set, FakeEngine publishes through vLLM's own ZMQ publisher; the
+    router's subscriber (router/kv_events.py) follows it into a prefix index, and the blocks
+    held are the ones the router computes for the prompt: full blocks only, once each."""
+    import time
+
+    from router.hashing import BlockHasher
+    from router.kv_events import KVEventSubscriber
+    from router.prefix_index.memory import MemoryPrefixIndex
+
+    monkeypatch.setenv("VLLM_HOST_IP", "127.0.0.1")  # the engine sets it; undone after the test
+    engine = FakeEngine(_spec("kv_producer", kv_events_host="127.0.0.1"))
+    info = engine.start()
+    assert info.kv_events is not None and info.kv_events.endpoint.startswith("tcp://127.0.0.1:")
+    index = MemoryPrefixIndex()
+    seen: list[str] = []
+    sub = KVEventSubscriber("w-p", info.kv_events.endpoint, info.kv_events.replay_endpoint, index, seen.append)
+    prompt = tuple(range(5, 5 + 40))  # 2 full blocks of 16 and 8 tokens never cached
+    hasher = BlockHasher(info.cache.block_size, info.cache.hash_seed)
+    hashes = hasher.hashes(prompt, salt)
+    try:
+        sub.start()
+        request = EngineRequest("kv", prompt, SamplingParams(max_tokens=1), tier="interactive", cache_salt=salt)
+        deadline = time.monotonic() + 10
+        while index.match(hashes) != {"w-p": 2} and time.monotonic() < deadline:
+            asyncio.run(engine.prefill(request))  # the first may go out before the subscriber joined
+            time.sleep(0.2)
+        assert index.match(hashes) == {"w-p": 2}
+        assert index.match(hasher.hashes(prompt, "other-tenant" if salt is None else None)) == {}
+        assert index.num_blocks() == 2  # prefilling the same prompt again stores nothing new
+    finally:
+        sub.stop()
+        engine.shutdown()
+        engine.shutdown()  # idempotent

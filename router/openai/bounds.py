@@ -92,11 +92,22 @@ def check_text(value: str, limit: int, what: str) -> None:
         raise ValueError(f"{what} is {len(value)} characters; the limit is {limit}")
 
 
+# Fields vLLM's request models (0.32) read in their "before" validators, ahead of pydantic's
+# type check: a value of another JSON type raises AttributeError/TypeError inside vLLM, a 500
+# from its own server (`"structured_outputs": false`, `"messages": 1`, responses' `"tools": 1`).
+_READ_BEFORE_TYPE_CHECK = {"structured_outputs": (dict, "an object"), "messages": (list, "an array"),
+                           "tools": (list, "an array")}
+
+
 def body_bound_error(body: Any) -> Optional[tuple[str, str]]:
     """(param, message) for the first bound a generation body breaks, or None. What vLLM
-    itself checks (types, ranges, logprobs limits) is left to vLLM."""
+    itself checks (types, ranges, logprobs limits) is left to vLLM, except the types of the
+    fields it reads before checking them."""
     if not isinstance(body, dict):
         return None
+    for param, (kind, name) in _READ_BEFORE_TYPE_CHECK.items():
+        if body.get(param) is not None and not isinstance(body[param], kind):
+            return param, f"'{param}' must be {name}, got {type(body[param]).__name__}."
     stop = body.get("stop")
     for item in stop if isinstance(stop, list) else [stop]:
         if isinstance(item, str) and len(item) > MAX_STOP_CHARS:

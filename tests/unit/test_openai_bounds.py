@@ -131,3 +131,21 @@ def test_logprobs_are_bounded_by_vllms_max_logprobs(client) -> None:
                         400, param="logprobs")
     chat = {"model": MODEL, "messages": CHAT, "logprobs": True, "top_logprobs": 21}
     assert_openai_error(client.post("/v1/chat/completions", json=chat), 400, contains="max allowed: 20")
+
+
+# Fields vLLM reads before its type check: a wrong JSON type raised inside vLLM (a 500) until
+# the edge checked it (found by tests/integration/test_fuzz.py: `"structured_outputs": false`).
+WRONG_TYPES = [
+    ("/v1/completions", {"prompt": "hi", "structured_outputs": False}, "structured_outputs"),
+    ("/v1/completions", {"prompt": "hi", "structured_outputs": "regex"}, "structured_outputs"),
+    ("/v1/chat/completions", {"messages": CHAT, "structured_outputs": [1]}, "structured_outputs"),
+    ("/v1/chat/completions", {"messages": 1}, "messages"),
+    ("/v1/chat/completions", {"messages": True}, "messages"),
+    ("/v1/responses", {"input": "hi", "tools": 1}, "tools"),
+]
+
+
+@pytest.mark.parametrize("route,extra,param", WRONG_TYPES)
+def test_a_field_of_the_wrong_json_type_is_a_400_naming_it(client, route, extra, param) -> None:
+    r = client.post(route, json={"model": MODEL, **extra})
+    assert_openai_error(r, 400, param=param, contains="must be")

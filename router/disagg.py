@@ -41,6 +41,7 @@ from router.path_metrics import (DECODE_FIRST_TOKEN_SECONDS, DECODE_REFUSED, DEC
 from router.routing.service import KVRouter
 from router.routing.types import Pick, RouteDecision
 from router.samples import generate_n, without_prompt_logprobs
+from router.serve_calls import own_request_id
 
 if TYPE_CHECKING:
     from ray.serve.handle import DeploymentHandle
@@ -118,8 +119,9 @@ class DisaggregatedBackend:
         handoff = None
         prompt_logprobs = None
         try:
-            result = await asyncio.wait_for(prefill.prefill.remote(request, first_token),
-                                            timeout=self._prefill_timeout_s)
+            with own_request_id():
+                call = prefill.prefill.remote(request, first_token)
+            result = await asyncio.wait_for(call, timeout=self._prefill_timeout_s)
             first = result.first
             ended = None if first is None else finish_reason(first)
             if ended in ("error", "abort"):
@@ -243,7 +245,8 @@ class DisaggregatedBackend:
             decode_called = time.perf_counter()
             try:
                 with self._dispatch(routed, "decode", request):
-                    stream = pool.options(stream=True).generate.remote(request, handoff)
+                    with own_request_id():
+                        stream = pool.options(stream=True).generate.remote(request, handoff)
                     async for chunk in _first_token_within(stream, self._decode_first_token_timeout_s):
                         if not started:
                             started = True
@@ -289,7 +292,9 @@ class DisaggregatedBackend:
         # Timed: an abort goes to a replica that may be the stuck one; nobody waits on it for long.
         with self._pinned(hop.pick, request_id):
             try:
-                await asyncio.wait_for(hop.handle.abort.remote(request_id), ABORT_TIMEOUT_S)
+                with own_request_id():
+                    call = hop.handle.abort.remote(request_id)
+                await asyncio.wait_for(call, ABORT_TIMEOUT_S)
             except asyncio.TimeoutError:
                 log.warning("request %s: abort got no answer within %.0f s", request_id, ABORT_TIMEOUT_S)
 
@@ -312,7 +317,9 @@ class DisaggregatedBackend:
 
         async def probe(tier: str, pool: str) -> str:
             try:
-                await asyncio.wait_for(self._pools[tier].of(pool).stats.remote(), timeout=HEALTH_TIMEOUT_S)
+                with own_request_id():
+                    call = self._pools[tier].of(pool).stats.remote()
+                await asyncio.wait_for(call, timeout=HEALTH_TIMEOUT_S)
                 return "ready"
             except Exception as exc:
                 if isinstance(exc, asyncio.TimeoutError) or _is_backpressure(exc):

@@ -31,6 +31,12 @@ MODEL_NAME = "tiny-llama"
 DECODE_REPLICAS = 2  # two, so pinning (n > 1 samples, where a stream runs) is observable
 PREFILL_TIMEOUT_S = 2.0  # short: the prefill-timeout test waits it out
 HERE = Path(__file__).resolve().parent
+AUTOSCALING_LOG = TEST_STATE / "serve-autoscaling-decisions.jsonl"
+# The prefill pool autoscales 1..2, quickly, on queued prompt tokens (test_zz_autoscaling.py);
+# one 17-token prompt waiting out the prefill timeout (3.5 s) is far below the target.
+PREFILL_AUTOSCALING = {"min_replicas": 1, "max_replicas": 2, "target_queued_prompt_tokens": 128,
+                       "upscale_delay_s": 1, "downscale_delay_s": 3, "cooldown_s": 2,
+                       "look_back_s": 2, "metrics_interval_s": 0.5, "decision_log": str(AUTOSCALING_LOG)}
 
 
 def pytest_collection_modifyitems(config, items):
@@ -51,7 +57,7 @@ def serve_config(model_dir: Path, gateway_port: int, metrics_port: int):
     return ClusterConfig.model_validate({
         "model": {"path": str(model_dir), "name": MODEL_NAME, "dtype": "float32", "max_model_len": 512},
         "gateway": {"host": "127.0.0.1", "port": gateway_port},
-        "tiers": {"interactive": {"prefill": {"replicas": 1, **pool},
+        "tiers": {"interactive": {"prefill": {"replicas": 1, "autoscaling": PREFILL_AUTOSCALING, **pool},
                                   "decode": {"replicas": DECODE_REPLICAS, **pool}}},
         "kv_transfer": {"prefill_timeout_s": PREFILL_TIMEOUT_S},
         "routing": {"disaggregation": "always"},  # every request takes the P/D path
@@ -85,6 +91,8 @@ def graph(tiny_model_dir):
         ray.shutdown()
     _reload_ray_settings()
     cfg = serve_config(tiny_model_dir, _free_port(), _free_port())
+    AUTOSCALING_LOG.parent.mkdir(parents=True, exist_ok=True)
+    AUTOSCALING_LOG.unlink(missing_ok=True)
     started = time.monotonic()
     ray.init(num_cpus=2, include_dashboard=False, _node_ip_address="127.0.0.1",
              _metrics_export_port=cfg.ray.metrics_export_port, runtime_env={"env_vars": env},

@@ -13,6 +13,7 @@ import httpx
 import pytest
 
 from tests.conftest import TEST_STATE
+from tests.kv_checks import assert_prompt_kv_moved
 
 pytestmark = pytest.mark.gpu
 
@@ -69,16 +70,8 @@ def test_the_plan_on_this_host_is_cuda_buffers_and_the_matching_nixl():
 
 
 def test_prompt_kv_moves_over_nixl_from_gpu_to_gpu(gpu_cluster):
-    before = _decode_stats()
     body = {"model": MODEL_NAME, "prompt": PROMPT, "max_tokens": 4, "temperature": 0}
-    resp = httpx.post(f"{gpu_cluster.url}/v1/completions", json=body, timeout=120)
-    assert resp.status_code == 200, resp.text
-    prompt_tokens = resp.json()["usage"]["prompt_tokens"]
-    after = _decode_stats()
-    assert after.prompt_tokens_computed - before.prompt_tokens_computed == 0
-    assert after.prompt_tokens_transferred - before.prompt_tokens_transferred == prompt_tokens
-    assert after.kv_bytes_transferred - before.kv_bytes_transferred > 0
-    assert after.kv_failed_transfers == before.kv_failed_transfers
+    assert_prompt_kv_moved(gpu_cluster.url, body, _decode_stats)
 
 
 def test_greedy_output_equals_transformers_on_the_gpu(gpu_cluster, tiny_model_dir):

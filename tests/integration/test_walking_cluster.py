@@ -13,6 +13,7 @@ import pytest
 
 from loadtest.measure.sse import DONE, payload
 from tests.integration.conftest import MODEL_NAME
+from tests.kv_checks import assert_prompt_kv_moved
 
 pytestmark = pytest.mark.integration
 
@@ -109,20 +110,9 @@ def test_chat_greedy_equals_transformers(base_url, reference, messages):
 
 
 def test_kv_cache_really_moves_over_nixl(base_url):
-    """Decode computes none of the prompt itself: every prompt token arrives by KV transfer.
-    The one token it computes is the prefill's first token, which decode continues after
-    (first-token reuse, kv_transfer/first_token.py)."""
-    before = _decode_stats()
     prompt = "Disaggregation moves the finished KV cache from the prefill engine to decode. " * 6
     body = {"model": MODEL_NAME, "prompt": prompt, "max_tokens": 4, "temperature": 0, "ignore_eos": True}
-    resp = httpx.post(f"{base_url}/v1/completions", json=body, timeout=120)
-    assert resp.status_code == 200, resp.text
-    prompt_tokens = resp.json()["usage"]["prompt_tokens"]
-    after = _decode_stats()
-    assert after.prompt_tokens_computed - before.prompt_tokens_computed == 1
-    assert after.prompt_tokens_transferred - before.prompt_tokens_transferred == prompt_tokens
-    assert after.kv_bytes_transferred - before.kv_bytes_transferred > 0
-    assert after.kv_failed_transfers == before.kv_failed_transfers
+    assert_prompt_kv_moved(base_url, body, _decode_stats)
 
 
 def test_models_and_health(base_url):

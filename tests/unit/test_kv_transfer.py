@@ -107,6 +107,9 @@ class _RecordingEngine:
         self.params.append(params)
         yield fake_output(request.request_id, "x", [1], "length")
 
+    def shutdown(self):  # the replica shuts its engine down when it is collected
+        pass
+
 
 def _decode_worker():
     from decode_workers.deployment import DecodeWorker
@@ -157,6 +160,9 @@ def test_prefill_stamps_the_lease_when_the_prefill_returns():
     class Engine:
         async def prefill(self, request, first_token=False):
             return PrefillResult(request.request_id, PARAMS, "p", 3)
+
+        def shutdown(self):
+            pass
 
     class Signals:
         def pending_prompt(self, n):

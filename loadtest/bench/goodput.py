@@ -28,13 +28,15 @@ import platform
 import sys
 import time
 from pathlib import Path
+from typing import Callable, Optional
 
 import psutil
 
 from cluster.hardware import cpu_flags, engine_dtype
 from loadtest.bench.goodput_judge import Multiples, Objectives, Unloaded, best_of_sweep, verdict
 from loadtest.bench.goodput_plot import plot
-from loadtest.bench.goodput_systems import NAMES, System, one_core_engine, serving, systems_of
+from loadtest.bench.decisions import delta, fetch, settled
+from loadtest.bench.goodput_systems import NAMES, TANDEM_METRICS_URL, System, one_core_engine, serving, systems_of
 from loadtest.bench.loadgen import replay
 from loadtest.bench.workload import Mix, RequestKind, ScheduledRequest, poisson_schedule, summarize
 
@@ -96,8 +98,11 @@ def calibrate(args, gpu: bool, mix: Mix) -> tuple[Unloaded, Objectives]:
     return unloaded, Objectives.calibrated(unloaded, Multiples(args.ttft_x, args.itl_x, args.gap_x))
 
 
-def serve_rates(name: str, urls: list[str], args, mix: Mix, objectives: Objectives, cores: int) -> list[dict]:
+def serve_rates(name: str, urls: list[str], args, mix: Mix, objectives: Objectives, cores: int,
+                decisions: Optional[Callable[[], dict[str, float]]] = None) -> list[dict]:
+    """Each rate in turn; with `decisions` (tandem), the P/D decider's verdicts per rate too."""
     out = []
+    counted = settled(decisions) if decisions else {}  # the warm-up's verdicts first, counted in no rate
     for rate in args.rates:
         schedule = poisson_schedule(mix, rate, args.duration, args.seed)
         log(f"[goodput] {name} at {rate} req/s: {len(schedule)} requests over {args.duration:.0f} s")
@@ -113,12 +118,17 @@ def serve_rates(name: str, urls: list[str], args, mix: Mix, objectives: Objectiv
             f"TTFT p50 {summary['ttft'].get('p50_ms')} ms p99 {summary['ttft'].get('p99_ms')} ms, "
             f"mean ITL p50 {summary['mean_itl'].get('p50_ms')} ms p99 {summary['mean_itl'].get('p99_ms')} ms")
         errors = sorted({r.error for r in records if r.error})
+        time.sleep(2)  # the engines finish aborting what the drain cut off; the counters reach the port
+        verdicts = None
+        if decisions:
+            now = settled(decisions)
+            verdicts, counted = delta(counted, now), now
+            log(f"[goodput] {name} at {rate} req/s: the decider's verdicts {verdicts}")
         out.append({"rate_rps": rate, "offered_rps": round(len(schedule) / args.duration, 3), **summary,
-                    "error_kinds": errors[:5],
+                    "error_kinds": errors[:5], "pd_decisions": verdicts,
                     "records": [{"kind": r.workload, "ttft_ms": _round(r.ttft_ms, 1),
                                  "mean_itl_ms": _round(r.mean_itl_ms, 2), "max_gap_ms": round(r.max_gap_ms, 1),
                                  "tokens": r.output_tokens, "error": r.error or None} for r in records]})
-        time.sleep(2)  # the engines finish aborting what the drain cut off
     return out
 
 
@@ -133,7 +143,8 @@ def run_system(system: System, args, mix: Mix, objectives: Objectives, gpu: bool
         with serving(system, args, gpu, objectives.mean, log) as urls:
             cold = round(time.monotonic() - t0, 1)
             warm_up(urls, args.model.name, mix)
-            rates = serve_rates(system.name, urls, args, mix, objectives, cores=2)
+            verdicts = (lambda: fetch(TANDEM_METRICS_URL)) if system.kind == "tandem" else None
+            rates = serve_rates(system.name, urls, args, mix, objectives, cores=2, decisions=verdicts)
     except Exception as exc:  # noqa: BLE001 - the run goes on with the other systems
         reason = f"{type(exc).__name__}: {exc}"[:3000]
         log(f"[goodput] {system.name} could not run here: {reason}")

@@ -23,6 +23,8 @@ from loadtest.bench.engines import DirectEngines, DirectEngineSpec
 from loadtest.measure.slo import Objective
 
 GATEWAY_PORT = 8000
+TANDEM_METRICS_PORT = 8080  # the local Ray's metrics export (the decider's verdicts are read there)
+TANDEM_METRICS_URL = f"http://127.0.0.1:{TANDEM_METRICS_PORT}/metrics"
 DIRECT_PORTS = (8101, 8102)
 RAYLLM_PORT = 8200
 NAMES = ("tandem-adaptive", "tandem-always", "colocated", "single", "rayllm-pd")
@@ -73,7 +75,7 @@ def tandem_config(args, gpu: bool, disaggregation: str, objective: Objective) ->
             "admission": {"max_running": 1024, "max_queued": 4096, "queue_timeout_s": 600},
         }},
         "routing": {"disaggregation": disaggregation},
-        "ray": {"num_cpus": None if gpu else 2},
+        "ray": {"num_cpus": None if gpu else 2, "metrics_export_port": TANDEM_METRICS_PORT},
     })
 
 

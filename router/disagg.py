@@ -41,7 +41,7 @@ from router.path_metrics import (DECODE_FIRST_TOKEN_SECONDS, DECODE_REFUSED, DEC
 from router.routing.service import KVRouter
 from router.routing.types import Pick, RouteDecision
 from router.samples import generate_n, without_prompt_logprobs
-from router.serve_calls import own_request_id
+from router.serve_calls import remote
 
 if TYPE_CHECKING:
     from ray.serve.handle import DeploymentHandle
@@ -119,9 +119,8 @@ class DisaggregatedBackend:
         handoff = None
         prompt_logprobs = None
         try:
-            with own_request_id():
-                call = prefill.prefill.remote(request, first_token)
-            result = await asyncio.wait_for(call, timeout=self._prefill_timeout_s)
+            result = await asyncio.wait_for(remote(prefill.prefill, request, first_token),
+                                            timeout=self._prefill_timeout_s)
             first = result.first
             ended = None if first is None else finish_reason(first)
             if ended in ("error", "abort"):
@@ -245,8 +244,7 @@ class DisaggregatedBackend:
             decode_called = time.perf_counter()
             try:
                 with self._dispatch(routed, "decode", request):
-                    with own_request_id():
-                        stream = pool.options(stream=True).generate.remote(request, handoff)
+                    stream = remote(pool.options(stream=True).generate, request, handoff)
                     async for chunk in _first_token_within(stream, self._decode_first_token_timeout_s):
                         if not started:
                             started = True
@@ -292,9 +290,7 @@ class DisaggregatedBackend:
         # Timed: an abort goes to a replica that may be the stuck one; nobody waits on it for long.
         with self._pinned(hop.pick, request_id):
             try:
-                with own_request_id():
-                    call = hop.handle.abort.remote(request_id)
-                await asyncio.wait_for(call, ABORT_TIMEOUT_S)
+                await asyncio.wait_for(remote(hop.handle.abort, request_id), ABORT_TIMEOUT_S)
             except asyncio.TimeoutError:
                 log.warning("request %s: abort got no answer within %.0f s", request_id, ABORT_TIMEOUT_S)
 
@@ -317,9 +313,7 @@ class DisaggregatedBackend:
 
         async def probe(tier: str, pool: str) -> str:
             try:
-                with own_request_id():
-                    call = self._pools[tier].of(pool).stats.remote()
-                await asyncio.wait_for(call, timeout=HEALTH_TIMEOUT_S)
+                await asyncio.wait_for(remote(self._pools[tier].of(pool).stats), timeout=HEALTH_TIMEOUT_S)
                 return "ready"
             except Exception as exc:
                 if isinstance(exc, asyncio.TimeoutError) or _is_backpressure(exc):

@@ -6,8 +6,8 @@ request router (2.60, request_router.py) indexes the requests waiting for a repl
 id: two calls of one HTTP request waiting on one pool at once (a list of prompts, n > 1
 samples) collide there, and one of them can wait forever (found by the compat corpus'
 `"prompt": [[...], [...]]`: a prefill hop stuck until its timeout, a decode hop until the
-client gave up). `own_request_id()` around the `.remote(...)` gives the call an internal id of
-its own; the request id that logs show (the client's) stays.
+client gave up). `remote(method, *args)` makes the call with an internal id of its own; the
+request id that logs show (the client's) stays.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import uuid
-from typing import Iterator
+from typing import Any, Iterator
 
 
 @contextlib.contextmanager
@@ -30,3 +30,10 @@ def own_request_id() -> Iterator[None]:
         yield
     finally:
         context._serve_request_context.reset(token)
+
+
+def remote(method: Any, *args: Any) -> Any:
+    """`method.remote(*args)` (a deployment handle's method, streaming or not) as a request of
+    its own: the DeploymentResponse or response generator, to await or iterate."""
+    with own_request_id():
+        return method.remote(*args)

@@ -1,5 +1,6 @@
-"""Closed-loop load for tests that watch a pool scale: client threads, each sending one
-request after the other until stopped, outcomes counted (True: answered as asked)."""
+"""For tests that watch a pool scale: closed-loop load (client threads, each sending one
+request after the other until stopped, outcomes counted; True: answered as asked), a wait,
+and a pool's running replicas as Serve reports them."""
 
 from __future__ import annotations
 
@@ -52,3 +53,10 @@ def wait_for(what: str, condition: Callable[[], object], timeout_s: float, every
             return value
         time.sleep(every_s)
     raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what}")
+
+
+def running_replicas(deployment: str, app: str = "tandem") -> int:
+    from ray import serve
+
+    status = serve.status().applications[app].deployments[deployment]
+    return sum(n for state, n in status.replica_states.items() if getattr(state, "value", state) == "RUNNING")

@@ -15,7 +15,7 @@ import time
 import httpx
 import pytest
 
-from tests.closed_loop import ClosedLoop, wait_for
+from tests.closed_loop import ClosedLoop, running_replicas, wait_for
 from tests.conftest import TEST_STATE
 from tests.integration.conftest import AUTOSCALING_DECISIONS, MODEL_NAME, replica_stats
 
@@ -33,13 +33,6 @@ def handle(deployment: str):
     from ray import serve
 
     return serve.get_deployment_handle(deployment, app_name="tandem")
-
-
-def running_replicas(deployment: str) -> int:
-    from ray import serve
-
-    status = serve.status().applications["tandem"].deployments[deployment]
-    return sum(n for state, n in status.replica_states.items() if getattr(state, "value", state) == "RUNNING")
 
 
 def prompt(rng: random.Random, n: int) -> list[int]:

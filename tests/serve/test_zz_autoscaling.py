@@ -13,19 +13,12 @@ import time
 import httpx
 import pytest
 
-from tests.closed_loop import ClosedLoop, wait_for
+from tests.closed_loop import ClosedLoop, running_replicas, wait_for
 from tests.serve.conftest import AUTOSCALING_LOG, MODEL_NAME, replica_stats
 
 pytestmark = pytest.mark.serve
 
 POOL = "interactive-prefill"
-
-
-def running_replicas() -> int:
-    from ray import serve
-
-    status = serve.status().applications["tandem"].deployments[POOL]
-    return sum(n for state, n in status.replica_states.items() if getattr(state, "value", state) == "RUNNING")
 
 
 def fake_load(url: str, clients: int, prefill_s: float) -> ClosedLoop:
@@ -43,14 +36,14 @@ def fake_load(url: str, clients: int, prefill_s: float) -> ClosedLoop:
 
 
 def test_queued_prompt_tokens_scale_prefill_up_and_idleness_back_down(graph):
-    assert running_replicas() == 1
+    assert running_replicas(POOL) == 1
     step_wall = time.time()
     with fake_load(graph.url, clients=6, prefill_s=0.5) as up:  # ~6 x 64 tokens queued: 3x the target
-        wait_for("a second prefill replica", lambda: running_replicas() == 2, 90, every_s=0.25)
+        wait_for("a second prefill replica", lambda: running_replicas(POOL) == 2, 90, every_s=0.25)
         wait_for("the new replica to serve prefills",
                  lambda: all(len(s.seen) > 0 for s in replica_stats("prefill", 2).values()), 30, every_s=0.25)
     with fake_load(graph.url, clients=1, prefill_s=0.0) as down:  # light: requests in flight while it leaves
-        wait_for("prefill back at 1 replica", lambda: running_replicas() == 1, 60, every_s=0.25)
+        wait_for("prefill back at 1 replica", lambda: running_replicas(POOL) == 1, 60, every_s=0.25)
         time.sleep(1.0)
     assert up.outcomes[False] == 0 and down.outcomes[False] == 0, (up.outcomes, down.outcomes)
     assert up.outcomes[True] > 0 and down.outcomes[True] > 0

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from loadtest.bench.decisions import decision_counts, delta, fetch
+from loadtest.bench.decisions import decision_counts, delta, fetch, settled
 
 PAGE = """# HELP ray_tandem_pd_decisions_total The P/D decider's verdicts
 # TYPE ray_tandem_pd_decisions_total counter
@@ -32,6 +32,4 @@ def test_no_metrics_port_is_no_counts():
 
 def test_settled_reads_until_two_reads_agree():
     reads = iter([{"remote/prefill_ok": 1.0}, {"remote/prefill_ok": 3.0}, {"remote/prefill_ok": 3.0}, {"x": 9.0}])
-    from loadtest.bench.decisions import settled
-
     assert settled(lambda: next(reads), every_s=0.0) == {"remote/prefill_ok": 3.0}

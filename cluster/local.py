@@ -17,7 +17,6 @@ import ipaddress
 import json
 import os
 import secrets
-import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -156,39 +155,13 @@ class LocalCluster:
             f"{tier}: {t.prefill.replicas} prefill + {t.decode.replicas} decode" for tier, t in self.cfg.tiers.items()
         )
         self.progress(f"[tandem] deploying {self.cfg.model.served_name}: gateway; {pools}")
-        done = threading.Event()
-        watcher = threading.Thread(target=self._report_progress, args=(done, t0), daemon=True)
-        watcher.start()
-        try:
-            serve.run(build_app(self.cfg), name=APP_NAME, route_prefix="/")
-            self._wait_ready(t0 + ready_timeout_s)
-        finally:
-            done.set()
+        deadline = t0 + ready_timeout_s
+        run_app(build_app(self.cfg), APP_NAME, deadline, self.progress, t0)
+        self._wait_ready(deadline)
         self.progress(f"[tandem] ready in {time.monotonic() - t0:.0f} s at {self.url}")
         if self._started_ray and self.cfg.ray.address is None:
             self.progress(f"[tandem] metrics for Prometheus: http://127.0.0.1:{self.cfg.ray.metrics_export_port}/metrics")
         return self
-
-    def _report_progress(self, done: threading.Event, t0: float) -> None:
-        from ray import serve
-
-        last = ""
-        while not done.wait(5):
-            try:
-                app = serve.status().applications.get("tandem")
-                if app is None:
-                    continue
-                parts = [
-                    f"{name} {status.status.value.lower()}"
-                    + (f" ({sum(status.replica_states.values())} replicas)" if status.replica_states else "")
-                    for name, status in app.deployments.items()
-                ]
-                line = ", ".join(parts)
-            except Exception as exc:  # status is best-effort progress, never fatal
-                line = f"status unavailable: {exc}"
-            if line != last:
-                self.progress(f"[tandem] {time.monotonic() - t0:5.0f} s  {line}")
-                last = line
 
     def _wait_ready(self, deadline: float) -> None:
         wait_until_ready(self.url, deadline)
@@ -208,6 +181,41 @@ class LocalCluster:
             if self._started_ray:
                 ray.shutdown()
         self.progress("[tandem] stopped")
+
+
+def run_app(app, name: str, deadline: float, progress: Callable[[str], None] = print,
+            t0: Optional[float] = None, route_prefix: Optional[str] = "/") -> None:
+    """Deploy `app` and wait until it runs, printing the deployments' states as they change,
+    within a deadline (monotonic). Public `serve.run` waits without a bound: one engine whose
+    start hangs would hold it forever (and deleting the app does not end that wait), so this
+    deploys without waiting (Serve's `_run`, what serve.run calls) and waits itself. Past the
+    deadline the app is deleted and TimeoutError names the deployments that were not ready."""
+    from ray import serve
+    from ray.serve.schema import ApplicationStatus
+
+    t0 = time.monotonic() if t0 is None else t0
+    serve._run(app, _blocking=False, name=name, route_prefix=route_prefix)
+    last = ""
+    while True:
+        status = serve.status().applications.get(name)
+        if status is not None:
+            if status.status == ApplicationStatus.RUNNING:
+                return
+            if status.status == ApplicationStatus.DEPLOY_FAILED:
+                raise RuntimeError(f"Deploying {name} failed: {status.message}")
+            line = ", ".join(
+                f"{deployment} {state.status.value.lower()}"
+                + (f" ({sum(state.replica_states.values())} replicas)" if state.replica_states else "")
+                for deployment, state in status.deployments.items())
+            if line != last:
+                progress(f"[tandem] {time.monotonic() - t0:5.0f} s  {line}")
+                last = line
+        if time.monotonic() >= deadline:
+            serve.delete(name, _blocking=False)
+            raise TimeoutError(f"{name} was not ready by its deadline and was taken down; its deployments "
+                               f"then: {last or 'no status yet'}. Why: the replicas' own logs (Ray's session "
+                               "logs, serve/replica_*.log and worker-*.err).")
+        time.sleep(0.5)
 
 
 def wait_until_ready(url: str, deadline: float, poll_s: float = 1.0) -> None:

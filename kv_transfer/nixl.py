@@ -2,14 +2,17 @@
 
 Each engine replica listens on its own NIXL side channel (the handshake socket decode
 engines dial to fetch the prefill engine's memory registration), so every replica gets a
-free port of its own, chosen at replica start: replicas come and go with autoscaling.
+port of its own, claimed at replica start (`claim_side_channel`): replicas come and go with
+autoscaling.
 """
 
 from __future__ import annotations
 
+import errno
+import random
 import socket
-from dataclasses import dataclass
-from typing import Any, Literal
+from dataclasses import dataclass, field
+from typing import Any, Literal, Optional
 
 from cluster.config import KVTransferConfig
 from kv_transfer.handoff import KV_LEASE_S
@@ -25,13 +28,33 @@ KVRole = Literal["kv_producer", "kv_consumer"]
 class NixlEndpoint:
     host: str
     port: int
+    # Holds the port against the other engines on this host until this process ends.
+    claim: Optional[socket.socket] = field(default=None, compare=False, repr=False)
 
 
-def free_port(host: str) -> int:
-    """A port nothing listens on now. Racy by nature; the window is the engine's start-up."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return sock.getsockname()[1]
+def claim_side_channel(host: str, ports: tuple[int, int]) -> NixlEndpoint:
+    """A side-channel port in `ports` that nothing listens on and no other engine on this host
+    has claimed. vLLM binds it only once the engine is up, minutes later on a busy CPU host, so
+    a free port alone is not enough: two replicas starting together could pick the same one.
+    The claim is an abstract Unix socket named after the port (Linux: host-wide within the
+    network namespace, gone when the process is), kept in the endpoint."""
+    low, high = ports
+    candidates = list(range(low, high + 1))
+    random.shuffle(candidates)
+    for port in candidates:
+        claim = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            claim.bind(f"\0tandem-nixl-side-channel-{host}-{port}")
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+                probe.bind((host, port))
+        except OSError as exc:
+            claim.close()
+            if exc.errno != errno.EADDRINUSE:
+                raise
+            continue
+        return NixlEndpoint(host=host, port=port, claim=claim)
+    raise RuntimeError(f"no free NIXL side-channel port on {host} in {low}-{high}: "
+                       "widen kv_transfer.side_channel_ports")
 
 
 def resolve_buffer_device(cfg: KVTransferConfig, on_gpu: bool) -> str:

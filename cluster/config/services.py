@@ -21,6 +21,11 @@ class KVTransferConfig(_Strict):
     # Address decode engines dial for the NIXL handshake. "auto": this replica's Ray node IP,
     # needed when prefill and decode run on different machines (the Helm chart sets it).
     side_channel_host: str = "127.0.0.1"
+    # Where each engine's side-channel port is picked (inclusive). Outside Linux's ephemeral
+    # range (32768-60999), which bind-to-0 and every outgoing connection take from: a port
+    # picked there can be taken in the minutes before the engine binds it, and vLLM 0.32 then
+    # waits forever on its dead listener. Outside Ray's worker ports (10002-19999) too.
+    side_channel_ports: tuple[int, int] = (20000, 32767)
     # Bounded wait for the prefill hop; past it the request is recomputed on decode.
     prefill_timeout_s: float = Field(30.0, gt=0)
     # UCX transports for NIXL. tcp is required here: shared-memory-only UCX fails.
@@ -32,6 +37,13 @@ class KVTransferConfig(_Strict):
     # The prefill's sampled token is streamed as the first token and decode continues after
     # it (kv_transfer/first_token.py); requests it cannot serve exactly take the plain path.
     first_token_reuse: bool = True
+
+    @model_validator(mode="after")
+    def _check_ports(self) -> "KVTransferConfig":
+        low, high = self.side_channel_ports
+        if not 1024 <= low <= high <= 65535:
+            raise ValueError(f"kv_transfer.side_channel_ports: [low, high] within 1024-65535, got {list(self.side_channel_ports)}")
+        return self
 
 
 class GatewayConfig(_Strict):

@@ -26,7 +26,7 @@ from cluster.engine.metrics import ITL_COUNT, ITL_SUM, EngineMetricsExporter, En
 from cluster.engine.metrics import engine_stats as engine_stats_of
 from cluster.hardware import cpu_flags, engine_dtype, has_nvidia_gpu
 from cluster.types import PoolId, RoutingStats
-from kv_transfer.nixl import KVRole, NixlEndpoint, free_port
+from kv_transfer.nixl import KVRole, claim_side_channel
 
 # What a deployment is given to make its engine: an Engine class (or any callable) from a spec.
 EngineFactory = Callable[[EngineSpec], Engine]
@@ -81,7 +81,7 @@ def build_engine_spec(cfg: ClusterConfig, tier: str, role: KVRole) -> EngineSpec
         engine=pool.engine,
         kv_role=role,
         kv=cfg.kv_transfer,
-        nixl=NixlEndpoint(host=host, port=free_port(host)),
+        nixl=claim_side_channel(host, cfg.kv_transfer.side_channel_ports),
         cpu_binding=binding,
         on_gpu=on_gpu,
         # The same id the router derives from the Serve replica id (router/routing/service.py).

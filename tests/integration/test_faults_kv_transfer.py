@@ -19,8 +19,9 @@ import uuid
 import pytest
 from vllm import SamplingParams
 
+from cluster.config import KVTransferConfig
 from cluster.protocol import EngineRequest
-from kv_transfer.nixl import free_port
+from kv_transfer.nixl import claim_side_channel
 from tests.integration.conftest import replica_stats
 
 pytestmark = pytest.mark.integration
@@ -46,7 +47,8 @@ def decode_text(decode, request: EngineRequest, handoff) -> tuple[tuple[int, ...
 
 
 def unreachable(params: dict) -> dict:
-    return {**params, "remote_port": free_port("127.0.0.1"), "remote_engine_id": f"ghost-{uuid.uuid4()}"}
+    nobody = claim_side_channel("127.0.0.1", KVTransferConfig().side_channel_ports).port  # no engine, no listener
+    return {**params, "remote_port": nobody, "remote_engine_id": f"ghost-{uuid.uuid4()}"}
 
 
 def wrong_peer(params: dict) -> dict:

@@ -74,7 +74,7 @@ class ServeGraph:
 
 @pytest.fixture(scope="package")
 def graph(tiny_model_dir):
-    from cluster.local import LOCAL_RAY_ENV, _reload_ray_settings, ensure_ray_token, ray_auth_env, wait_until_ready
+    from cluster.local import LOCAL_RAY_ENV, _reload_ray_settings, ensure_ray_token, ray_auth_env, run_app, wait_until_ready
 
     env = {**LOCAL_RAY_ENV, "VLLM_CACHE_ROOT": str(TEST_STATE / "cache" / "vllm")}
     os.environ.update(env)
@@ -100,7 +100,7 @@ def graph(tiny_model_dir):
     try:
         serve.start(proxy_location="HeadOnly", http_options={"host": "127.0.0.1", "port": cfg.gateway.port},
                     logging_config={"log_level": "WARNING"})
-        serve.run(build_app(cfg, engine_cls=FakeEngine), name=APP_NAME, route_prefix="/")
+        run_app(build_app(cfg, engine_cls=FakeEngine), APP_NAME, started + 240, t0=started)
         url = f"http://127.0.0.1:{cfg.gateway.port}"
         wait_until_ready(url, started + 240, poll_s=0.25)
         print(f"\n[tests/serve] Serve graph with FakeEngine ready in {time.monotonic() - started:.1f} s")

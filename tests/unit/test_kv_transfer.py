@@ -9,7 +9,7 @@ import pytest
 
 from cluster.config import KVTransferConfig
 from kv_transfer.handoff import HANDOFF_VERSION, EngineIdentity, Handoff, HandoffMismatch, prefill_request_params
-from kv_transfer.nixl import NixlEndpoint, free_port, kv_transfer_config, nixl_env
+from kv_transfer.nixl import NixlEndpoint, claim_side_channel, kv_transfer_config, nixl_env
 
 PARAMS = {"do_remote_prefill": True, "do_remote_decode": False, "remote_engine_id": "e1",
           "remote_block_ids": [1, 2], "remote_host": "127.0.0.1", "remote_port": 5601}
@@ -69,12 +69,45 @@ def test_nixl_env_is_per_replica_and_patch_is_cpu_only():
     assert "TANDEM_NIXL_CPU_PATCH" not in nixl_env(KVTransferConfig(cpu_patch=False), NixlEndpoint("h", 1), on_gpu=False)
 
 
-def test_free_port_is_bindable():
+def _listen(port: int, reuse: bool = False):
     import socket
 
-    port = free_port("127.0.0.1")
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", port))
+    sock = socket.socket()
+    if reuse:  # as ZMQ, and so vLLM's side-channel listener, binds
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", port))
+    sock.listen()
+    return sock
+
+
+def test_a_claimed_side_channel_port_is_in_range_and_the_engine_can_bind_it():
+    endpoint = claim_side_channel("127.0.0.1", (20000, 32767))
+    assert 20000 <= endpoint.port <= 32767 and endpoint.host == "127.0.0.1"
+    _listen(endpoint.port, reuse=True).close()  # the claim does not stand in vLLM's way
+
+
+def test_two_engines_never_claim_one_port_and_a_listened_port_is_skipped():
+    first = claim_side_channel("127.0.0.1", (20000, 32767))
+    low = first.port - 1 if first.port > 20000 else first.port + 1  # a two-port range with `first` in it
+    span = (min(low, first.port), max(low, first.port))
+    second = claim_side_channel("127.0.0.1", span)
+    assert second.port == low
+    with pytest.raises(RuntimeError, match="widen kv_transfer.side_channel_ports"):
+        claim_side_channel("127.0.0.1", span)
+    first.claim.close()  # the claim ends with its holder (its process, in a replica)
+    assert claim_side_channel("127.0.0.1", span).port == first.port
+    second.claim.close()
+    listener = _listen(second.port)
+    try:
+        assert claim_side_channel("127.0.0.1", span).port == first.port  # something listens on second
+    finally:
+        listener.close()
+
+
+def test_side_channel_ports_must_be_a_range_of_unprivileged_ports():
+    for bad in ((32767, 20000), (80, 1000), (60000, 70000)):
+        with pytest.raises(ValueError, match="side_channel_ports"):
+            KVTransferConfig(side_channel_ports=bad)
 
 
 def test_a_handoff_past_its_lease_is_refused():

@@ -74,6 +74,10 @@ class EngineConfig(_Strict):
     # backend, and compact JSON without free whitespace (xgrammar/guidance only).
     structured_outputs_backend: Literal["auto", "xgrammar", "guidance", "outlines"] = "auto"
     json_disable_whitespace: bool = False
+    # CPU hosts: the niceness of vLLM's EngineCore and worker (cluster/vllm_plugin.py). Above 0
+    # the gateway and Serve's proxy, on every token's path and sharing the cores, run first:
+    # smoother streams at low load, a slower engine under load (loadtest/bench/RESULTS.md 7).
+    cpu_niceness: int = Field(5, ge=0, le=19)
 
     @model_validator(mode="after")
     def _check_combinations(self) -> "EngineConfig":

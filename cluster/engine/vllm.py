@@ -32,12 +32,6 @@ log = logging.getLogger(__name__)
 _BIND_ON_NODE_IP = "tcp://*:0"
 
 
-# The niceness of vLLM's compute processes on CPU hosts. The gateway and Serve's proxy do
-# little work but are on every token's path; at equal priority a busy engine delays them by
-# whole scheduler slices, which clients see as bursts.
-CPU_ENGINE_NICENESS = 5
-
-
 def engine_environment(spec: EngineSpec) -> dict[str, str]:
     env = {
         # The EngineCore runs in its own process; only then does vLLM apply the OMP binding.
@@ -52,7 +46,7 @@ def engine_environment(spec: EngineSpec) -> dict[str, str]:
         # and yield their cores to the gateway and Serve's proxy when those have work
         # (cluster/vllm_plugin.py): on a small CPU host they share the engines' cores.
         env["TANDEM_NO_SPIN"] = "1"
-        env[ENGINE_NICE] = str(CPU_ENGINE_NICENESS)
+        env[ENGINE_NICE] = str(spec.engine.cpu_niceness)
     if spec.nixl is not None:
         env.update(nixl_env(spec.kv, spec.nixl, spec.on_gpu))
     if spec.kv_events_host is not None:

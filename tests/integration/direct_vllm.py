@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from cluster.engine.vllm import CPU_ENGINE_NICENESS
+from cluster.config import EngineConfig
 from cluster.vllm_plugin import ENGINE_NICE
 from loadtest.bench.engines import wait_healthy
 from tests.conftest import TEST_STATE
@@ -67,7 +67,7 @@ def direct_vllm_environment() -> dict[str, str]:
         VLLM_CACHE_ROOT=str(STATE / "vllm-cache"),
         TANDEM_NO_SPIN="1",
         TANDEM_EXIT_WITH_PARENT="1",
-        **{ENGINE_NICE: str(CPU_ENGINE_NICENESS)},
+        **{ENGINE_NICE: str(EngineConfig().cpu_niceness)},  # as the cluster's engines
     )
 
 

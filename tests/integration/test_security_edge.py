@@ -5,7 +5,6 @@ are not vLLM's, handoffs past their lease, and per-tenant prefix caches."""
 from __future__ import annotations
 
 import dataclasses
-import asyncio
 import json
 import multiprocessing
 import random
@@ -24,6 +23,7 @@ from cluster.protocol import EngineRequest
 from loadtest.measure.percentiles import percentile
 from loadtest.measure.sse import StreamReader
 from tests.integration.test_faults_kv_transfer import decode_text
+from tests.flood import flood
 from tests.integration.conftest import GATEWAY_PORT, MODEL_NAME, metric, replica_stats, wait_for_metric
 
 pytestmark = pytest.mark.integration
@@ -122,28 +122,6 @@ def test_a_slow_body_is_a_408_within_the_deadline_while_others_keep_their_latenc
     assert statistics.median(during) < 3 * statistics.median(before) + 0.2
 
 
-def _flood(url: str, seconds: float, out) -> None:
-    """≥ 500 /health calls per second for `seconds` (a separate process: the stream's timing is not
-    disturbed by this client's own event loop)."""
-    async def main() -> tuple[int, int]:
-        done = errors = 0
-        stop_at = time.monotonic() + seconds
-        async with httpx.AsyncClient(timeout=10, limits=httpx.Limits(max_connections=64)) as client:
-            async def worker() -> None:
-                nonlocal done, errors
-                while time.monotonic() < stop_at:
-                    try:
-                        r = await client.get(url)
-                        done += 1
-                        errors += r.status_code != 200
-                    except httpx.HTTPError:
-                        errors += 1
-            await asyncio.gather(*(worker() for _ in range(64)))
-        return done, errors
-
-    out.put(asyncio.run(main()))
-
-
 def _stream_gaps(base_url: str, max_tokens: int = 48) -> tuple[list[float], str]:
     body = {"model": MODEL_NAME, "prompt": "count with me: one two three", "max_tokens": max_tokens,
             "temperature": 0, "ignore_eos": True, "stream": True}
@@ -166,18 +144,18 @@ def test_a_health_flood_leaves_a_stream_working(base_url):
     flood_s = 10.0
     probes_before = metric("ray_tandem_health_probes_total")
     started = time.monotonic()
-    floods = [ctx.Process(target=_flood, args=(f"{base_url}/health", flood_s, out)) for _ in range(2)]
-    for flood in floods:
-        flood.start()
+    floods = [ctx.Process(target=flood, args=(f"{base_url}/health", flood_s, out)) for _ in range(2)]
+    for proc in floods:
+        proc.start()
     try:
         time.sleep(2.0)  # the clients are up (spawn + imports) and at full rate
         flood_gaps, flood_text = _stream_gaps(base_url)
         counts = [out.get(timeout=flood_s + 60) for _ in floods]
     finally:
-        for flood in floods:
-            flood.join(timeout=30)
-            if flood.is_alive():
-                flood.kill()
+        for proc in floods:
+            proc.join(timeout=30)
+            if proc.is_alive():
+                proc.kill()
     elapsed = time.monotonic() - started
     time.sleep(2.5)  # the gateway's counter reaches the export port (1 s report interval)
     probes = metric("ray_tandem_health_probes_total") - probes_before
@@ -192,7 +170,7 @@ def test_a_health_flood_leaves_a_stream_working(base_url):
           f"(x{p50:.2f}), p90 x{p90:.2f}, mean x{mean:.2f}")
     # What the HTTP path itself takes here (Serve's proxy → the gateway replica, no engine):
     # /livez at the same concurrency, for comparison with the /health rate.
-    livez = [ctx.Process(target=_flood, args=(f"{base_url}/livez", 3.0, out)) for _ in range(2)]
+    livez = [ctx.Process(target=flood, args=(f"{base_url}/livez", 3.0, out)) for _ in range(2)]
     for p in livez:
         p.start()
     livez_done = sum(out.get(timeout=60)[0] for _ in livez)

@@ -9,6 +9,7 @@ import ipaddress
 import os
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import psutil
@@ -111,11 +112,13 @@ def _driver(tmp_path: Path, **env: str) -> subprocess.CompletedProcess:
 
 
 def test_ray_refuses_a_driver_without_the_token(cluster, tmp_path):
-    with_token = _driver(tmp_path, RAY_AUTH_MODE="token", RAY_AUTH_TOKEN_PATH=str(RAY_TOKEN))
+    envs = ({"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(RAY_TOKEN)},
+            {"RAY_AUTH_MODE": "disabled"},  # sends no token at all
+            {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": "0" * 64})  # a wrong one
+    with ThreadPoolExecutor(len(envs)) as pool:  # three drivers at once: each is mostly `import ray`
+        with_token, *refusals = pool.map(lambda env: _driver(tmp_path, **env), envs)
     assert with_token.returncode == 0 and "nodes: 2" in with_token.stdout, with_token.stderr[-2000:]
 
-    for env in ({"RAY_AUTH_MODE": "disabled"},  # sends no token at all
-                {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": "0" * 64}):  # a wrong one
-        refused = _driver(tmp_path, **env)
+    for env, refused in zip(envs[1:], refusals):
         assert refused.returncode != 0 and "nodes:" not in refused.stdout, (env, refused.stdout)
         print(env, "->", refused.stderr.strip().splitlines()[-1][:200])

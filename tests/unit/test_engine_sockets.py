@@ -164,3 +164,8 @@ def test_serve_replica_grpc_is_narrowed_to_a_loopback_node_address_only(monkeypa
     import inspect
 
     assert 'add_port_to_grpc_server(self._server, "[::]:0")' in inspect.getsource(replica.Replica._on_initialized)
+
+
+def test_the_pools_niceness_reaches_the_engine_on_cpu_only():
+    assert engine_environment(_spec(engine=EngineConfig(cpu_niceness=3)))["TANDEM_ENGINE_NICE"] == "3"
+    assert "TANDEM_ENGINE_NICE" not in engine_environment(_spec(on_gpu=True))

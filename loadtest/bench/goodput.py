@@ -178,6 +178,8 @@ def parse_args(argv=None):
     p.add_argument("--kv-cache-mib", type=int, default=256, help="per engine (per core)")
     p.add_argument("--max-num-seqs", type=int, default=32)
     p.add_argument("--max-num-batched-tokens", type=int, default=2048, help="tandem's, Ray Serve LLM's, single's")
+    p.add_argument("--engine-niceness", type=int, default=None,
+                   help="tandem's engines' cpu_niceness (engine config); default: the config's")
     p.add_argument("--out", type=Path, default=RESULTS)
     p.add_argument("--replot", action="store_true", help="only redraw goodput.png from goodput.json in --out")
     args = p.parse_args(argv)

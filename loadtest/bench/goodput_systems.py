@@ -60,6 +60,8 @@ def systems_of(names: list[str], colocated_sweep: list[int]) -> list[System]:
 def tandem_config(args, gpu: bool, disaggregation: str, objective: Objective) -> ClusterConfig:
     engine = {"kv_cache_bytes": args.kv_cache_mib << 20, "max_num_seqs": args.max_num_seqs,
               "max_num_batched_tokens": args.max_num_batched_tokens}
+    if args.engine_niceness is not None:
+        engine["cpu_niceness"] = args.engine_niceness
     pool = {"num_gpus": 1, "num_cpus": 0} if gpu else {"num_cpus": 1}
     return ClusterConfig.model_validate({
         "model": {"path": str(args.model), "name": args.model.name, "dtype": args.dtype,

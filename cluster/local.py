@@ -197,19 +197,25 @@ def run_app(app, name: str, deadline: float, progress: Callable[[str], None] = p
     serve._run(app, _blocking=False, name=name, route_prefix=route_prefix)
     last = ""
     while True:
-        status = serve.status().applications.get(name)
-        if status is not None:
-            if status.status == ApplicationStatus.RUNNING:
+        try:
+            status = serve.status().applications.get(name)
+        except Exception as exc:  # the controller busy or restarting: ask again, until the deadline
+            line = f"status unavailable: {exc}"
+        else:
+            if status is None:  # not listed yet
+                line = last
+            elif status.status == ApplicationStatus.RUNNING:
                 return
-            if status.status == ApplicationStatus.DEPLOY_FAILED:
+            elif status.status == ApplicationStatus.DEPLOY_FAILED:
                 raise RuntimeError(f"Deploying {name} failed: {status.message}")
-            line = ", ".join(
-                f"{deployment} {state.status.value.lower()}"
-                + (f" ({sum(state.replica_states.values())} replicas)" if state.replica_states else "")
-                for deployment, state in status.deployments.items())
-            if line != last:
-                progress(f"[tandem] {time.monotonic() - t0:5.0f} s  {line}")
-                last = line
+            else:
+                line = ", ".join(
+                    f"{deployment} {state.status.value.lower()}"
+                    + (f" ({sum(state.replica_states.values())} replicas)" if state.replica_states else "")
+                    for deployment, state in status.deployments.items())
+        if line != last:
+            progress(f"[tandem] {time.monotonic() - t0:5.0f} s  {line}")
+            last = line
         if time.monotonic() >= deadline:
             serve.delete(name, _blocking=False)
             raise TimeoutError(f"{name} was not ready by its deadline and was taken down; its deployments "

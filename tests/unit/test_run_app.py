@@ -1,0 +1,58 @@
+"""cluster/local.py run_app's wait, step by step, against a stand-in for Serve's status calls
+(the real deploy path runs in tests/serve: the graph's start and a replica that never starts)."""
+
+from __future__ import annotations
+
+import time
+from types import SimpleNamespace
+
+import pytest
+from ray import serve
+from ray.serve.schema import ApplicationStatus
+
+from cluster.local import run_app
+
+
+def _app(status: ApplicationStatus, deployment_status: str = "updating") -> SimpleNamespace:
+    state = SimpleNamespace(status=SimpleNamespace(value=deployment_status.upper()), replica_states={"STARTING": 1})
+    return SimpleNamespace(status=status, message="boom", deployments={"Gateway": state})
+
+
+@pytest.fixture
+def fake_serve(monkeypatch):
+    calls = {"run": 0, "delete": [], "answers": []}
+
+    def status():
+        answer = calls["answers"].pop(0) if len(calls["answers"]) > 1 else calls["answers"][0]
+        if isinstance(answer, Exception):
+            raise answer
+        return SimpleNamespace(applications={} if answer is None else {"app": answer})
+
+    monkeypatch.setattr(serve, "_run", lambda *a, **kw: calls.__setitem__("run", calls["run"] + 1))
+    monkeypatch.setattr(serve, "status", status)
+    monkeypatch.setattr(serve, "delete", lambda name, _blocking=True: calls["delete"].append(name))
+    monkeypatch.setattr(time, "sleep", lambda s: None)
+    return calls
+
+
+def test_it_returns_once_running_and_a_status_error_on_the_way_is_only_progress(fake_serve):
+    fake_serve["answers"] = [None, RuntimeError("controller busy"), _app(ApplicationStatus.DEPLOYING),
+                             _app(ApplicationStatus.RUNNING)]
+    lines: list[str] = []
+    run_app(object(), "app", time.monotonic() + 60, lines.append)
+    assert fake_serve["run"] == 1 and fake_serve["delete"] == []
+    assert [line.split(" s  ", 1)[1] for line in lines] == ["status unavailable: controller busy",
+                                                          "Gateway updating (1 replicas)"]
+
+
+def test_a_failed_deploy_raises_with_serves_message(fake_serve):
+    fake_serve["answers"] = [_app(ApplicationStatus.DEPLOY_FAILED)]
+    with pytest.raises(RuntimeError, match="Deploying app failed: boom"):
+        run_app(object(), "app", time.monotonic() + 60, lambda _: None)
+
+
+def test_past_the_deadline_the_app_is_deleted_and_the_stuck_deployments_named(fake_serve):
+    fake_serve["answers"] = [_app(ApplicationStatus.DEPLOYING)]
+    with pytest.raises(TimeoutError, match=r"its deployments then: Gateway updating \(1 replicas\)"):
+        run_app(object(), "app", time.monotonic() - 1, lambda _: None)
+    assert fake_serve["delete"] == ["app"]

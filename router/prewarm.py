@@ -26,6 +26,7 @@ from cluster.protocol import EngineRequest
 from cluster.types import ROLES, TierPools
 from router.routing.service import KVRouter
 from router.routing.types import Pick, Worker
+from router.serve_calls import remote
 
 log = logging.getLogger(__name__)
 
@@ -75,7 +76,7 @@ class HandshakeWarmer:
             for role in ROLES:
                 if not self._router.workers(tier, role):
                     with contextlib.suppress(Exception):
-                        await asyncio.wait_for(pools.of(role).stats.remote(), HOP_TIMEOUT_S)
+                        await asyncio.wait_for(remote(pools.of(role).stats), HOP_TIMEOUT_S)
 
     def pending(self) -> list[tuple[str, Worker, Worker]]:
         """(tier, prefill, decode) pairs of live replicas not yet warmed."""
@@ -107,12 +108,12 @@ class HandshakeWarmer:
         request = EngineRequest(f"warmup-{uuid.uuid4().hex}", WARM_PROMPT,
                                 _warm_sampling(), tier=tier)
         with self._router.dispatch(Pick(prefill, 1.0, {}), request.request_id):
-            result = await asyncio.wait_for(pools.prefill.prefill.remote(request, False), HOP_TIMEOUT_S)
+            result = await asyncio.wait_for(remote(pools.prefill.prefill, request, False), HOP_TIMEOUT_S)
         handoff = result.handoff  # made and stamped by the prefill replica
 
         async def drain() -> None:
             with self._router.dispatch(Pick(decode, 1.0, {}), request.request_id):
-                async for _ in pools.decode.options(stream=True).generate.remote(request, handoff):
+                async for _ in remote(pools.decode.options(stream=True).generate, request, handoff):
                     pass
 
         await asyncio.wait_for(drain(), HOP_TIMEOUT_S)

@@ -98,19 +98,19 @@ def test_a_client_that_leaves_stops_its_stream_on_the_replica_running_it(graph):
     (rid,) = set().union(*seen.values())
     (holder,) = [w for w, ids in seen.items() if rid in ids]
     deadline = time.monotonic() + 10
-    while not _stopped(rid, holder) and time.monotonic() < deadline:
+    while not _stopped(replica_stats("decode", DECODE_REPLICAS)[holder], rid) and time.monotonic() < deadline:
         time.sleep(0.2)
     stats = replica_stats("decode", DECODE_REPLICAS)
-    # Stopped where it ran, long before 20 s: by Serve's cancel of the stream (when Serve
-    # cancels the leaving client's request, it cancels its calls in flight) or by the backend's
-    # abort pinned to the holder, whichever came first. Either frees the engine's slot; an
-    # abort never goes to a replica that does not hold the request.
-    assert _stopped(rid, holder) and stats[holder].requests_running == 0
+    # Stopped where it ran, long before 20 s: its generate stream closed by the gateway's hop
+    # (which, by the engine contract in cluster/engine/base.py, aborts it in the engine) or the
+    # backend's abort pinned to the holder, whichever came first. An abort never goes to a
+    # replica that does not hold the request.
+    assert _stopped(stats[holder], rid) and stats[holder].requests_running == 0
     assert not any(rid in s.aborted for w, s in stats.items() if w != holder)
 
 
-def _stopped(rid: str, holder: str) -> bool:
-    stats = replica_stats("decode", DECODE_REPLICAS)[holder]
+def _stopped(stats, rid: str) -> bool:
+    """The engine saw the request end early: aborted, or its stream closed before the last token."""
     return rid in stats.aborted or rid in stats.cancelled
 
 

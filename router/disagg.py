@@ -250,6 +250,8 @@ class DisaggregatedBackend:
                             started = True
                             DECODE_FIRST_TOKEN_SECONDS.labels(tier=tier, path=path).observe(
                                 time.perf_counter() - decode_called)
+                            if self._router is not None:  # a local prefill is no longer queued
+                                self._router.first_token(request.request_id)
                         yield chunk
                 return
             except (asyncio.CancelledError, GeneratorExit):

@@ -152,7 +152,22 @@ class SLOConfig(_Strict):
     """Latency objectives of a tier; the autoscaling policies scale against them."""
 
     ttft_s: float = Field(1.0, gt=0, description="Time to first token.")
-    itl_s: float = Field(0.1, gt=0, description="Inter-token latency.")
+    itl_s: float = Field(0.1, gt=0, description="Inter-token latency (a stream's mean).")
+    max_gap_s: Optional[float] = Field(
+        None, gt=0, description="Longest single token gap: the P/D decider prefills a prompt on a decode engine only "
+                                "when its streams' gaps stay within it. None: twice itl_s.")
+
+    @model_validator(mode="after")
+    def _gap_not_below_mean(self) -> "SLOConfig":
+        if self.max_gap_s is not None and self.max_gap_s < self.itl_s:
+            raise ValueError(f"slo.max_gap_s ({self.max_gap_s}) is below slo.itl_s ({self.itl_s}): a stream's "
+                             "longest gap cannot be shorter than its mean")
+        return self
+
+    @property
+    def gap_s(self) -> float:
+        """max_gap_s, or its default: twice the mean."""
+        return self.max_gap_s if self.max_gap_s is not None else 2 * self.itl_s
 
 
 class AdmissionConfig(_Strict):

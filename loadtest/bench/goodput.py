@@ -140,7 +140,7 @@ def run_system(system: System, args, mix: Mix, objectives: Objectives, gpu: bool
     """One system's rates; a system that cannot start here is recorded with its reason."""
     t0 = time.monotonic()
     try:
-        with serving(system, args, gpu, objectives.mean, log) as urls:
+        with serving(system, args, gpu, objectives.every_gap, log) as urls:  # tandem: all three bounds
             cold = round(time.monotonic() - t0, 1)
             warm_up(urls, args.model.name, mix)
             verdicts = (lambda: fetch(TANDEM_METRICS_URL)) if system.kind == "tandem" else None

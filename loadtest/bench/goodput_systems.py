@@ -58,8 +58,9 @@ def systems_of(names: list[str], colocated_sweep: list[int]) -> list[System]:
 
 
 def tandem_config(args, gpu: bool, disaggregation: str, objective: Objective) -> ClusterConfig:
+    # Chunked prefill on, as in every baseline (vLLM's default): the budget may be under max_model_len.
     engine = {"kv_cache_bytes": args.kv_cache_mib << 20, "max_num_seqs": args.max_num_seqs,
-              "max_num_batched_tokens": args.max_num_batched_tokens}
+              "max_num_batched_tokens": args.max_num_batched_tokens, "enable_chunked_prefill": True}
     if args.engine_niceness is not None:
         engine["cpu_niceness"] = args.engine_niceness
     pool = {"num_gpus": 1, "num_cpus": 0} if gpu else {"num_cpus": 1}
@@ -71,7 +72,8 @@ def tandem_config(args, gpu: bool, disaggregation: str, objective: Objective) ->
             "prefill": {"replicas": 1, "cpu_binding": ["0"], "engine": engine, **pool},
             "decode": {"replicas": 1, "cpu_binding": ["1"], "engine": engine, **pool},
             # The decider keeps requests within the tier's objectives: the calibrated ones.
-            "slo": {"ttft_s": objective.ttft_ms / 1000, "itl_s": objective.mean_itl_ms / 1000},
+            "slo": {"ttft_s": objective.ttft_ms / 1000, "itl_s": objective.mean_itl_ms / 1000,
+                    "max_gap_s": None if objective.max_gap_ms is None else objective.max_gap_ms / 1000},
             # Generous bounds: the baselines have no admission control, so neither may tandem
             # turn load away here; a request that waits too long misses its objective instead.
             "admission": {"max_running": 1024, "max_queued": 4096, "queue_timeout_s": 600},

@@ -23,7 +23,8 @@ def build_kv_router(cfg: ClusterConfig) -> KVRouter:
     directories = {
         (tier, role): pool_directory(PoolId(tier, role)) for tier in cfg.tiers for role in ROLES
     }
-    objectives = {tier: Objectives(ttft_s=t.slo.ttft_s, itl_s=t.slo.itl_s) for tier, t in cfg.tiers.items()}
+    objectives = {tier: Objectives(ttft_s=t.slo.ttft_s, itl_s=t.slo.itl_s, gap_s=t.slo.gap_s)
+                  for tier, t in cfg.tiers.items()}
     # The decode engine's prefill tokens per step; unset: vLLM's chunked-prefill default.
     budgets = {tier: t.decode.engine.max_num_batched_tokens for tier, t in cfg.tiers.items()
                if t.decode.engine.max_num_batched_tokens}

@@ -9,22 +9,32 @@ models (cost_model.py), against its tier's objectives:
 
 - ttft_remote = the prefill engine's predicted time for its queue plus this prompt's uncached
   part (first-token reuse: the prefill's token is the first one);
-- ttft_local = the chunks of the decode engine's uncached part, each step a decode step of the
-  running batch plus the chunk's prompt tokens at the prefill slope;
+- ttft_local = the chunks of the decode engine's queued local prompts and this prompt's
+  uncached part, each step a decode step of the running batch plus the chunk's prompt tokens
+  at the prefill slope;
 - gap_local = the longest token gap the running streams see while those chunks run.
+
+Local prefill keeps the running streams' promises when there are none, or when that gap stays
+within the tier's every-gap bound (gap_s) and the decode engine's own step at the batch it
+would run stays within the mean-ITL objective (itl_s): "the gap holds".
 
 Rules, in order (the reason is the metric label):
 1. mode "never": local ("never"); mode "always": remote ("always") unless rule 2.
 2. uncached on decode < decode_only_below_tokens (a fixed threshold, 0 = off): local
    ("short_uncached"), as before adaptive existed.
-3. adaptive, the gap holds (no running streams, or gap_local <= itl_s), local is no slower
-   than remote with an idle prefill engine, and the prompt's computation costs the decode
-   engine less than the remote path's fixed overhead (the prefill line's intercept): local
-   ("short_uncached"): the hops cost more than the prompt.
-4. remote meets ttft_s: remote ("prefill_ok"): the decode engine stays free for its streams.
-5. remote misses ttft_s: local when the gap holds and local is faster ("prefill_queue" when
-   an idle prefill engine would have met it, else "local_faster"); else remote,
-   "decode_gap_budget" when the gap is why, "overloaded" when local is slower too.
+3. adaptive, the gap holds, local is no slower than remote with an idle prefill engine, and
+   the prompt's computation costs the decode engine less than the remote path's fixed
+   overhead (the prefill line's intercept): local ("short_uncached"): the hops cost more
+   than the prompt.
+4. remote meets ttft_s and the prefill engine's queue takes at most REMOTE_QUEUE_SHARE of the
+   slack an idle prefill engine would leave: remote ("prefill_ok"): the decode engine stays
+   free for its streams. Past that share the prefill engine is the bottleneck: letting its
+   queue spend the whole objective would leave both engines' prompts on one core, and no
+   margin for the predictions' error.
+5. local when the gap holds and local is faster ("prefill_queue" when an idle prefill engine
+   would have met ttft_s, else "local_faster"): the two engines share the prompts.
+6. remote otherwise: "prefill_ok" when it meets ttft_s, "decode_gap_budget" when the gap is
+   why not local, "overloaded" when local is slower too.
 
 Pure: `decide` reads only its frozen inputs.
 """
@@ -40,6 +50,7 @@ from router.routing.cost_model import EngineCostModel
 Mode = Literal["adaptive", "always", "never"]
 Path = Literal["remote", "local"]
 MIN_CHUNK_TOKENS = 16  # a decode engine whose batch fills its budget still prefills a little per step
+REMOTE_QUEUE_SHARE = 0.5  # of the TTFT slack an idle prefill engine leaves, its queue may take (rule 4)
 
 
 @dataclass(frozen=True)
@@ -74,12 +85,14 @@ class DecodeView:
     running_seqs: int  # streams decoding on the chosen decode engine
     chunk_budget_tokens: int  # the engine's max_num_batched_tokens per step
     model: EngineCostModel = EngineCostModel()
+    queued_tokens: int = 0  # uncached prompt tokens of local prefills sent to it, not yet at their first token
 
 
 @dataclass(frozen=True)
 class Objectives:
     ttft_s: float
-    itl_s: float
+    itl_s: float  # mean inter-token latency
+    gap_s: float  # every token gap
 
 
 @dataclass(frozen=True)
@@ -101,13 +114,15 @@ def predict_remote(req: RequestView, prefill: PrefillView, queued: bool = True) 
 
 
 def predict_local(req: RequestView, decode: DecodeView, per_token_s: float) -> tuple[float, float]:
-    """(ttft, longest gap of the running streams) with the prompt chunked on the decode engine."""
+    """(ttft, longest gap of the running streams) with the prompt chunked on the decode engine,
+    behind the local prompts already queued there."""
     uncached = max(req.prompt_tokens - req.cached_on_decode, 0)
+    ahead = max(decode.queued_tokens, 0)
     running = decode.running_seqs
     chunk = max(decode.chunk_budget_tokens - running, MIN_CHUNK_TOKENS)
-    steps = max(math.ceil(uncached / chunk), 1)
+    steps = max(math.ceil((ahead + uncached) / chunk), 1)
     step = decode.model.step_s(running + 1)  # this request joins the batch
-    ttft = steps * step + per_token_s * uncached
+    ttft = steps * step + per_token_s * (ahead + uncached)
     gap = 0.0 if running == 0 else decode.model.step_s(running) + per_token_s * min(uncached, chunk)
     return ttft, gap
 
@@ -127,14 +142,18 @@ def decide(policy: PDDecider, req: RequestView, prefill: PrefillView, decode: De
         return out("local", "short_uncached")
     if policy.mode == "always":
         return out("remote", "always")
-    gap_ok = decode.running_seqs == 0 or gap_local <= objectives.itl_s
+    gap_ok = decode.running_seqs == 0 or (
+        gap_local <= objectives.gap_s and decode.model.step_s(decode.running_seqs + 1) <= objectives.itl_s)
     overhead_s = prefill.model.prefill.coefficients()[0]
     uncached_local = max(req.prompt_tokens - req.cached_on_decode, 0)
-    if gap_ok and per_token * uncached_local <= overhead_s and ttft_local <= predict_remote(req, prefill, queued=False):
+    ttft_idle = predict_remote(req, prefill, queued=False)
+    if gap_ok and per_token * uncached_local <= overhead_s and ttft_local <= ttft_idle:
         return out("local", "short_uncached")
-    if ttft_remote <= objectives.ttft_s:
+    slack = objectives.ttft_s - ttft_idle
+    if ttft_remote <= objectives.ttft_s and ttft_remote - ttft_idle <= REMOTE_QUEUE_SHARE * slack:
         return out("remote", "prefill_ok")
     if gap_ok and ttft_local < ttft_remote:
-        idle_ok = predict_remote(req, prefill, queued=False) <= objectives.ttft_s
-        return out("local", "prefill_queue" if idle_ok else "local_faster")
+        return out("local", "prefill_queue" if ttft_idle <= objectives.ttft_s else "local_faster")
+    if ttft_remote <= objectives.ttft_s:
+        return out("remote", "prefill_ok")
     return out("remote", "decode_gap_budget" if not gap_ok else "overloaded")

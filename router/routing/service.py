@@ -10,11 +10,13 @@ Lifecycle and call order:
    cannot answer (Redis down, slow) means load-only routing, no workers known means "let
    Serve choose".
 3. `dispatch(decision.prefill / decision.decode, request_id)` as a context manager around
-   each hop: pins the request to the chosen replica and counts it in flight. Around a
-   prefill hop it also counts the prompt's uncached tokens as queued on that replica and
-   times the hop: with nothing of this gateway's queued ahead of it, one observation for
-   that engine's prefill cost model.
-4. `close()` once: stops the subscribers and the index client.
+   each hop: pins the request to the chosen replica and counts it in flight. Around the hop
+   that computes the prompt it also counts the prompt's uncached tokens as queued on that
+   replica: a prefill hop until it returns (and, with nothing of this gateway's queued ahead
+   of it, timed: one observation for that engine's prefill cost model), a local prefill on
+   a decode replica until `first_token(request_id)` or the hop's end.
+4. `first_token(request_id)` when a decode hop yields its first token.
+5. `close()` once: stops the subscribers and the index client.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import random
 import time
 from typing import Callable, Iterator, Mapping, Optional
 
+from cluster.config import SLOConfig
 from cluster.protocol import EngineRequest
 from cluster.types import PoolId, RoutingStats
 from router.hashing import DEFAULT_SEED, BlockHasher
@@ -42,7 +45,8 @@ log = logging.getLogger(__name__)
 
 INDEX_TIMEOUT_S = 0.25
 SYNC_PERIOD_S = 0.5
-DEFAULT_OBJECTIVES = Objectives(ttft_s=1.0, itl_s=0.1)  # cluster/config/ SLOConfig's defaults
+_SLO = SLOConfig()
+DEFAULT_OBJECTIVES = Objectives(ttft_s=_SLO.ttft_s, itl_s=_SLO.itl_s, gap_s=_SLO.gap_s)
 DEFAULT_CHUNK_BUDGET = 2048  # vLLM's max_num_batched_tokens when unset (chunked prefill on, its default)
 OUTLIER_FACTOR = 3.0
 MAX_PENDING = 10_000  # remote decisions whose prefill hop has not started (cancelled ones age out)
@@ -92,8 +96,9 @@ class KVRouter:
         self._timer = timer
         self._models: dict[str, EngineCostModel] = {}
         self._step_reports: dict[str, tuple] = {}
-        self._queued_tokens: dict[str, int] = {}  # prefill replica_id → this gateway's uncached tokens on it
-        self._pending: dict[str, int] = {}  # request_id → uncached prefill tokens, until its hop starts
+        self._queued_tokens: dict[str, int] = {}  # replica_id → this gateway's uncached prompt tokens on it
+        self._pending: dict[str, int] = {}  # request_id → uncached prompt tokens, until its hop starts
+        self._local_prefills: dict[str, tuple[str, int]] = {}  # request_id → (decode replica_id, tokens queued)
 
     # -- workers and their event streams ---------------------------------------------------
 
@@ -193,6 +198,7 @@ class KVRouter:
             prefill = self._pick(prefill_workers, ctx, tier, "prefill")
         if skip:
             prefill = None
+            self._remember_pending(request.request_id, ctx.prompt_tokens - _hit_tokens(decode, ctx))
         elif prefill is not None:
             self._remember_pending(request.request_id, ctx.prompt_tokens - _hit_tokens(prefill, ctx))
         hit = _hit_tokens(decode, ctx) if skip else _hit_tokens(prefill, ctx)
@@ -219,7 +225,7 @@ class KVRouter:
         running = max(d_stats.running_seqs, decode.worker.in_flight)
         decode_view = DecodeView(running_seqs=running,
                                  chunk_budget_tokens=self._chunk_budgets.get(tier, DEFAULT_CHUNK_BUDGET),
-                                 model=d_model)
+                                 model=d_model, queued_tokens=self._queued_tokens.get(decode.worker.replica_id, 0))
         if prefill is None:  # none known yet: an idle engine of the prior model
             prefill_view = PrefillView(queued_tokens=0)
         else:
@@ -274,22 +280,25 @@ class KVRouter:
         directory = self._directories[(worker.tier, worker.pool)]
         directory.pin(request_id, worker.replica_id)
         self._in_flight[worker.replica_id] = self._in_flight.get(worker.replica_id, 0) + 1
-        tokens = self._pending.pop(request_id, None) if worker.pool == "prefill" else None
+        tokens = self._pending.pop(request_id, None)  # this hop computes the prompt
         if tokens is not None:
             ahead = self._queued_tokens.get(worker.replica_id, 0)
             self._queued_tokens[worker.replica_id] = ahead + tokens
             hop_started = self._timer()
+            if worker.pool == "decode":
+                self._local_prefills[request_id] = (worker.replica_id, tokens)
         try:
             yield
         finally:
             directory.unpin(request_id)
             _release(self._in_flight, worker.replica_id, 1)
-            if tokens is not None:
+            if tokens is not None and worker.pool == "prefill":
                 _release(self._queued_tokens, worker.replica_id, tokens)
-        # A clean sample: the hop returned (disagg.py catches its failures inside) and queued
-        # behind none of this gateway's prompts (those ahead were partly computed already, so
-        # counting them whole would bias the fit's intercept towards 0).
-        if tokens is not None and ahead == 0:
+            self.first_token(request_id)  # a local prefill that ended before its first token
+        # A clean sample: the prefill hop returned (disagg.py catches its failures inside) and
+        # queued behind none of this gateway's prompts (those ahead were partly computed
+        # already, so counting them whole would bias the fit's intercept towards 0).
+        if tokens is not None and ahead == 0 and worker.pool == "prefill":
             seconds = self._timer() - hop_started
             model = self._models.get(worker.worker_id, EngineCostModel())
             # A timed-out or failed hop (disagg.py catches those inside the hop) is not a
@@ -297,6 +306,12 @@ class KVRouter:
             predicted = model.prefill_s(tokens)
             seconds = min(max(seconds, predicted / OUTLIER_FACTOR), predicted * OUTLIER_FACTOR)
             self._models[worker.worker_id] = model.observe_prefill(tokens, seconds)
+
+    def first_token(self, request_id: str) -> None:
+        """A decode hop yielded its first token: a local prefill's prompt is no longer queued there."""
+        held = self._local_prefills.pop(request_id, None)
+        if held is not None:
+            _release(self._queued_tokens, *held)
 
     def close(self) -> None:
         for sub in self._subscribers.values():

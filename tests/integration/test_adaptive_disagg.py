@@ -65,7 +65,7 @@ def test_idle_long_prompts_go_remote_and_a_burst_spills_some_to_decode(base_url,
     handles = TierPools(prefill=serve.get_deployment_handle(f"{TIER}-prefill", app_name="tandem"),
                         decode=serve.get_deployment_handle(f"{TIER}-decode", app_name="tandem"))
     router = KVRouter(directories=dirs, index=None, weights={"load": 1.0}, decider=PDDecider(mode="adaptive"),
-                      subscribe=False, objectives={TIER: Objectives(ttft_s=2.0, itl_s=0.5)})
+                      subscribe=False, objectives={TIER: Objectives(ttft_s=2.0, itl_s=0.5, gap_s=1.0)})
     backend = DisaggregatedBackend(pools={TIER: handles}, prefill_timeout_s=60, router=router)
     try:
         asyncio.run(scenario(backend, router, handles, verdicts))

@@ -18,7 +18,7 @@ from cluster.types import RoutingStats
 from router.routing.service import KVRouter
 
 ADAPTIVE = PDDecider(mode="adaptive")
-SLO = Objectives(ttft_s=1.0, itl_s=0.1)
+SLO = Objectives(ttft_s=1.0, itl_s=0.1, gap_s=0.2)
 
 # -- cost model -----------------------------------------------------------------------------
 
@@ -129,7 +129,31 @@ def test_local_prefill_that_would_stall_running_streams_stays_remote():
     # A small chunk budget keeps the gap within the objective: then local is fine.
     d = decide(ADAPTIVE, RequestView(prompt_tokens=300), idle_prefill(queued=3000),
                decode_with(running=4, budget=24), SLO)
-    assert (d.path, d.reason) == ("local", "prefill_queue") and d.gap_local_s <= SLO.itl_s
+    assert (d.path, d.reason) == ("local", "prefill_queue") and d.gap_local_s <= SLO.gap_s
+
+
+def test_a_decode_engine_already_at_its_mean_itl_takes_no_local_prefill():
+    # Its step at this batch (35 ms + 1 ms per sequence) alone reaches the 100 ms mean ITL.
+    d = decide(ADAPTIVE, RequestView(prompt_tokens=300), idle_prefill(queued=3000),
+               decode_with(running=70, budget=24), SLO)
+    assert (d.path, d.reason) == ("remote", "decode_gap_budget")
+
+
+def test_past_half_its_slack_the_prefill_queue_shares_prompts_with_an_idle_decode_engine():
+    # 300 tokens: 0.69 s on an idle prefill engine, 0.31 s of slack to the 1 s objective.
+    calm = decide(ADAPTIVE, RequestView(prompt_tokens=300), idle_prefill(queued=50), decode_with(), SLO)
+    assert (calm.path, calm.reason) == ("remote", "prefill_ok")  # 0.1 s of queue: within half the slack
+    busy = decide(ADAPTIVE, RequestView(prompt_tokens=300), idle_prefill(queued=100), decode_with(), SLO)
+    assert busy.ttft_remote_s <= SLO.ttft_s  # remote would still meet the objective...
+    assert (busy.path, busy.reason) == ("local", "prefill_queue")  # ...but its queue is the bottleneck
+
+
+def test_prompts_queued_locally_on_decode_count_against_the_next_local_prefill():
+    free = decide(ADAPTIVE, RequestView(prompt_tokens=300), idle_prefill(queued=100), decode_with(), SLO)
+    queued = decide(ADAPTIVE, RequestView(prompt_tokens=300), idle_prefill(queued=100),
+                    DecodeView(running_seqs=0, chunk_budget_tokens=512, queued_tokens=300), SLO)
+    assert queued.ttft_local_s == pytest.approx(free.ttft_local_s + 0.002 * 300 + STEP_PRIOR.predict(1))
+    assert (queued.path, queued.reason) == ("remote", "prefill_ok")  # now remote is the faster
 
 
 def test_a_prompt_too_long_for_the_objective_even_when_idle_is_local_only_if_faster():
@@ -232,6 +256,22 @@ def test_a_timed_out_hop_moves_the_model_at_most_threefold():
         pass
     observed = r.cost_model("interactive-prefill-x").prefill.sy - PREFILL_PRIOR.sy * 0.95
     assert observed == pytest.approx(3 * (0.09 + 0.002 * 300))
+
+
+def test_a_local_prefill_is_queued_on_its_decode_replica_until_its_first_token():
+    r = router({"queued_prompt_tokens": 5000}, {"running_seqs": 0})
+    a = asyncio.run(r.route(req(300, "a"), "interactive"))
+    assert a.skip_prefill
+    with r.dispatch(a.decode, "a"):
+        assert r._queued_tokens == {"x": 300}
+        b = asyncio.run(r.route(req(300, "b"), "interactive"))  # sees a's prompt ahead on decode
+        with r.dispatch(b.decode, "b"):
+            assert r._queued_tokens == {"x": 600}
+            r.first_token("a")
+            assert r._queued_tokens == {"x": 300}  # a streams now; b's prompt is still ahead
+        assert r._queued_tokens == {}  # b's hop ended before its first token: released with it
+    r.first_token("a")  # a late or second call releases nothing twice
+    assert r._queued_tokens == {} and r._local_prefills == {} and r._pending == {}
 
 
 def test_decode_step_reports_calibrate_once_per_new_report():

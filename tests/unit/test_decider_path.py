@@ -30,7 +30,7 @@ def make_backend(queued_prompt_tokens: int, mode: str = "adaptive"):
     dirs[(TIER, "decode")].set_replicas([ReplicaInfo("d0", 64, RoutingStats.from_dict({"worker_id": "interactive-decode-d0",
                                                                 "running_seqs": 0}))])
     router = KVRouter(directories=dirs, index=None, weights={"load": 1.0}, decider=PDDecider(mode=mode),
-                      subscribe=False, rng=random.Random(0), objectives={TIER: Objectives(ttft_s=1.0, itl_s=0.1)},
+                      subscribe=False, rng=random.Random(0), objectives={TIER: Objectives(ttft_s=1.0, itl_s=0.1, gap_s=0.2)},
                       chunk_budgets={TIER: 64})
     backend = DisaggregatedBackend(pools={TIER: pools}, prefill_timeout_s=5, router=router)
     return backend, pools

@@ -14,7 +14,8 @@ it merged into one item. So:
   at once, which is what aborts the request in the engine;
 - an error of the source reaches the reader after the items read before it.
 
-Used by the decode replica over the engine's RequestOutputs (decode_workers/).
+Used by the decode replica over the engine's RequestOutputs (decode_workers/), and by the prefill
+replica for a request it runs whole (prefill_workers/).
 """
 
 from __future__ import annotations

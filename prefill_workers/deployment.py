@@ -1,18 +1,21 @@
 """The prefill pool: an engine (VLLMEngine in the app) as NIXL producer. It computes a
 prompt's KV (max_tokens=1), keeps the blocks for a decode engine to pull, and returns the
 Handoff it made and stamped: its own engine's identity and the lease's deadline (with
-first-token reuse also the answer's first token)."""
+first-token reuse also the answer's first token). A request with a short answer may run here
+whole (`generate`, the P/D decider's "whole" path): no handoff, no decode hop."""
 
 from __future__ import annotations
 
 import dataclasses
+from typing import Any, AsyncIterator
 
 from ray import serve
 
+from cluster.coalesce import coalesced
 from cluster.config import ClusterConfig
 from cluster.engine.replica import EngineFactory, EngineReplica, build_engine_spec
 from cluster.serve_patch import bind_replica_grpc_on_node_address
-from cluster.protocol import EngineRequest, PrefillResult
+from cluster.protocol import EngineRequest, PrefillResult, merge_outputs
 from kv_transfer.handoff import Handoff, lease_deadline
 
 
@@ -27,6 +30,20 @@ class PrefillWorker(EngineReplica):
         with self.signals.pending_prompt(len(request.prompt_token_ids)):  # autoscaling signal
             result = await self.engine.prefill(request, first_token=first_token)
         return dataclasses.replace(result, handoff=self.handoff(result))
+
+    async def generate(self, request: EngineRequest) -> AsyncIterator[Any]:
+        """The whole request, streamed (as a decode replica streams, cluster/coalesce.py)."""
+        stream = coalesced(self.engine.generate(request, None), merge_outputs)
+        try:
+            with self.signals.pending_prompt(len(request.prompt_token_ids)):  # autoscaling signal
+                first = await anext(stream, None)
+            if first is None:
+                return
+            yield first
+            async for chunk in stream:
+                yield chunk
+        finally:
+            await stream.aclose()
 
     def handoff(self, result: PrefillResult) -> Handoff | None:
         """The envelope decode checks. None when the answer ended on its first token (nothing

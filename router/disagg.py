@@ -7,11 +7,13 @@ decode samples it itself, as without reuse.
 
 Which prefill and decode replica, and whether to prefill remotely at all, is the KVRouter's
 decision (router/routing/service.py); it never fails a request: when it cannot decide, Serve
-picks the replica as before.
+picks the replica as before. A short answer may run whole on the prefill replica it chose
+(path prefill_only): no decode hop, no KV transfer.
 
 Failure policy, in order of what can go wrong:
 - the prefill hop raises, times out, or returns no handoff → decode computes the prompt
-  itself ("fallback_recompute", counted by reason). Latency, not a lost request.
+  itself ("fallback_recompute", counted by reason). Latency, not a lost request. The same
+  for a whole request on prefill that fails or times out before its first token.
 - the KV pull fails inside decode → vLLM's kv_load_failure_policy=recompute handles it.
 - the decode hop fails before the first token → retried once on the decode pool.
 - the decode hop yields no first token within decode_first_token_timeout_s, or Serve's queue
@@ -57,6 +59,10 @@ class _NoFirstToken(Exception):
     """The decode hop yielded no first token within its deadline."""
 
 
+class _WholeFailed(Exception):
+    """The whole request on prefill failed before its first token: decode computes it."""
+
+
 async def _first_token_within(stream: Any, timeout_s: float) -> AsyncIterator[RequestOutput]:
     """The stream, with a deadline on its first chunk only (later gaps are the engine's pace)."""
     it = stream.__aiter__()
@@ -76,6 +82,12 @@ def _is_backpressure(exc: BaseException) -> bool:
     from ray.serve.exceptions import BackPressureError
 
     return isinstance(exc, BackPressureError) or isinstance(getattr(exc, "cause", None), BackPressureError)
+
+
+def _refused(exc: InvalidEngineRequest) -> Exception:
+    """The engine refused the request: the same request would fail again, a 400."""
+    cause = getattr(exc, "cause", exc)  # Ray wraps it; the cause holds the plain message
+    return bad_request(f"The engine refused the request: {cause}")
 
 
 @dataclass(frozen=True)
@@ -166,7 +178,7 @@ class DisaggregatedBackend:
             return None
 
     @contextlib.contextmanager
-    def _dispatch(self, decision: Optional[RouteDecision], pool: str, request: EngineRequest):
+    def _dispatch(self, decision: Optional[RouteDecision], pool: str, request: EngineRequest, streams: bool = False):
         """Around one hop: pin it to the routed replica, and remember where it went until it ends.
 
         A hop cancelled (the client left during an await) or closed (it left while the stream
@@ -177,7 +189,7 @@ class DisaggregatedBackend:
         hops = self._hops.setdefault(request.request_id, {})
         hops[pool] = hop
         try:
-            with self._pinned(pick, request.request_id):
+            with self._pinned(pick, request.request_id, streams):
                 yield
         except (asyncio.CancelledError, GeneratorExit):
             if hops.get(pool) is hop:  # else `abort` has sent it already
@@ -189,10 +201,14 @@ class DisaggregatedBackend:
             if not hops:
                 self._hops.pop(request.request_id, None)
 
-    def _pinned(self, pick: Optional[Pick], request_id: str):
+    def _pinned(self, pick: Optional[Pick], request_id: str, streams: bool = False):
         if pick is None or self._router is None:
             return contextlib.nullcontext()
-        return self._router.dispatch(pick, request_id)
+        return self._router.dispatch(pick, request_id, streams)
+
+    def _first_token(self, request: EngineRequest) -> None:
+        if self._router is not None:  # the prompt is no longer queued where it streams
+            self._router.first_token(request.request_id)
 
     async def generate(self, request: EngineRequest) -> AsyncIterator[RequestOutput]:
         if request.sampling.n > 1:
@@ -205,11 +221,18 @@ class DisaggregatedBackend:
         pools = self._tier(request)
         tier = request.tier
         decision = await self._route(request)
-        first = None
-        prompt_logprobs = None
-        if decision is not None and decision.skip_prefill:
-            handoff = None  # the P/D decider: decode computes the short uncached part itself
-            path = "decode_only"
+        if decision is not None and decision.whole_on_prefill:
+            # aclosing: a client that leaves closes the hop now (its abort, its in-flight count),
+            # not when the garbage collector finds the suspended generator.
+            try:
+                async with contextlib.aclosing(self._whole(request, decision, pools.prefill)) as whole:
+                    async for output in whole:
+                        yield output
+                return
+            except _WholeFailed:  # before its first token: decode computes it
+                handoff, path, first, prompt_logprobs = None, "fallback_recompute", None, None
+        elif decision is not None and decision.skip_prefill:
+            handoff, path, first, prompt_logprobs = None, "decode_only", None, None  # decode computes it
             ROUTES.labels(tier=tier, path=path, reason="").inc()
         else:
             reuse = self._reuse_first_token(request)
@@ -227,10 +250,11 @@ class DisaggregatedBackend:
             request = continuation(request, first)
         elif prompt_logprobs is not None:
             request = without_prompt_logprobs(request)
-        async for output in self._decode(request, handoff, decision, path, pools.decode):
-            if prompt_logprobs is not None:
-                output.prompt_logprobs, prompt_logprobs = prompt_logprobs, None
-            yield output if offset is None else offset.apply(output)
+        async with contextlib.aclosing(self._decode(request, handoff, decision, path, pools.decode)) as decoded:
+            async for output in decoded:
+                if prompt_logprobs is not None:
+                    output.prompt_logprobs, prompt_logprobs = prompt_logprobs, None
+                yield output if offset is None else offset.apply(output)
 
     async def _decode(self, request: EngineRequest, handoff: Optional[Handoff], decision: Optional[RouteDecision],
                       path: str, pool: DeploymentHandle) -> AsyncIterator[RequestOutput]:
@@ -243,15 +267,14 @@ class DisaggregatedBackend:
             stream = None
             decode_called = time.perf_counter()
             try:
-                with self._dispatch(routed, "decode", request):
+                with self._dispatch(routed, "decode", request, streams=True):
                     stream = remote(pool.options(stream=True).generate, request, handoff)
                     async for chunk in _first_token_within(stream, self._decode_first_token_timeout_s):
                         if not started:
                             started = True
                             DECODE_FIRST_TOKEN_SECONDS.labels(tier=tier, path=path).observe(
                                 time.perf_counter() - decode_called)
-                            if self._router is not None:  # a local prefill is no longer queued
-                                self._router.first_token(request.request_id)
+                            self._first_token(request)
                         yield chunk
                 return
             except (asyncio.CancelledError, GeneratorExit):
@@ -264,8 +287,7 @@ class DisaggregatedBackend:
                 raise too_many_requests(f"No decode replica produced a first token within "
                                         f"{self._decode_first_token_timeout_s:g} s; retry later.") from None
             except InvalidEngineRequest as exc:  # the same request would fail again: a 400
-                cause = getattr(exc, "cause", exc)  # Ray wraps it; the cause holds the plain message
-                raise bad_request(f"The engine refused the request: {cause}") from None
+                raise _refused(exc) from None
             except Exception as exc:
                 if not started and _is_backpressure(exc):
                     DECODE_REFUSED.labels(tier=tier, reason="queue_full").inc()
@@ -274,6 +296,43 @@ class DisaggregatedBackend:
                     raise
                 DECODE_RETRIES.labels(tier=tier).inc()
                 log.warning("request %s: decode failed before the first token; retrying", request.request_id)
+
+    async def _whole(self, request: EngineRequest, decision: RouteDecision,
+                     pool: DeploymentHandle) -> AsyncIterator[RequestOutput]:
+        """The whole request on the chosen prefill replica. Before its first token a failure,
+        a full queue or the prefill timeout raise _WholeFailed (counted, the caller recomputes
+        on decode); after it, the failure is the request's, as on decode."""
+        tier = request.tier
+        stream = None
+        started = False
+        with self._dispatch(decision, "prefill", request, streams=True):
+            try:
+                stream = remote(pool.options(stream=True).generate, request)
+                async for chunk in _first_token_within(stream, self._prefill_timeout_s):
+                    if not started:
+                        started = True
+                        self._first_token(request)
+                        ROUTES.labels(tier=tier, path="prefill_only", reason="").inc()
+                    yield chunk
+                return
+            except (asyncio.CancelledError, GeneratorExit):
+                if stream is not None:
+                    stream.cancel()
+                raise
+            except _NoFirstToken:
+                stream.cancel()
+                self._abort_later(request.request_id, "prefill")
+                reason = "prefill_timeout"
+            except InvalidEngineRequest as exc:
+                raise _refused(exc) from None
+            except Exception as exc:
+                if started:
+                    raise
+                reason = "prefill_queue_full" if _is_backpressure(exc) else "prefill_error"
+                log.warning("request %s: whole on prefill failed (%s: %s); recomputing on decode",
+                            request.request_id, type(exc).__name__, exc)
+        ROUTES.labels(tier=tier, path="fallback_recompute", reason=reason).inc()
+        raise _WholeFailed()
 
     async def abort(self, request_id: str) -> None:
         """Abort the request on the replicas of its hops in flight. A finished prefill hop holds

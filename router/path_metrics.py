@@ -7,7 +7,7 @@ from cluster.metrics import Counter, Histogram
 
 ROUTES = Counter(
     "tandem_route",
-    "Requests by serving path (disaggregated, decode_only, fallback_recompute with why, router_error).",
+    "Requests by serving path (disaggregated, decode_only, prefill_only, fallback_recompute with why, router_error).",
     ["tier", "path", "reason"],
 )
 DECODE_RETRIES = Counter("tandem_decode_retries", "Decode hops retried before the first token.", ["tier"])

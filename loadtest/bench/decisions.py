@@ -1,6 +1,8 @@
-"""How many requests tandem's P/D decider sent remote or kept local, and why, per load step of a
-benchmark: the gateway's `tandem_pd_decisions` counter (router/routing/metrics.py) read from
-the local Ray's metrics port before and after the step. Pure parsing and arithmetic, and one
+"""How many requests tandem's P/D decider sent remote, local or whole to prefill, and why, per
+load step of a benchmark: the gateway's `tandem_pd_decisions` counter (router/routing/metrics.py)
+and, as `route:path/reason`, the path each request took in the end (`tandem_route`,
+router/path_metrics.py: a fallback to recompute shows there), read from the local Ray's metrics
+port before and after the step. Pure parsing and arithmetic, and one
 fetch that answers {} when the port does not (a system without tandem's gateway)."""
 
 from __future__ import annotations
@@ -11,18 +13,20 @@ from typing import Callable, Mapping
 
 from prometheus_client.parser import text_string_to_metric_families
 
-FAMILY = "ray_tandem_pd_decisions"  # as Ray's metrics agent exports the gateway's counter
+# As Ray's metrics agent exports the gateway's counters → the prefix of their keys.
+FAMILIES = {"ray_tandem_pd_decisions": "", "ray_tandem_route": "route:"}
 
 
 def decision_counts(text: str) -> dict[str, float]:
     """{"path/reason": count} summed over tiers and replicas, from a Prometheus text page."""
     out: dict[str, float] = {}
     for family in text_string_to_metric_families(text):
-        if family.name != FAMILY:
+        prefix = FAMILIES.get(family.name)
+        if prefix is None:
             continue
         for sample in family.samples:
             if sample.name.endswith("_total"):
-                key = f"{sample.labels.get('path', '?')}/{sample.labels.get('reason', '?')}"
+                key = f"{prefix}{sample.labels.get('path', '?')}/{sample.labels.get('reason', '?')}"
                 out[key] = out.get(key, 0.0) + sample.value
     return out
 

@@ -28,6 +28,9 @@ def build_kv_router(cfg: ClusterConfig) -> KVRouter:
     # The decode engine's prefill tokens per step; unset: vLLM's chunked-prefill default.
     budgets = {tier: t.decode.engine.max_num_batched_tokens for tier, t in cfg.tiers.items()
                if t.decode.engine.max_num_batched_tokens}
-    return KVRouter(directories=directories, index=index, weights=routing.weights,
-                    decider=PDDecider(routing.decode_only_below_tokens, routing.disaggregation),
-                    picker=routing.picker, objectives=objectives, chunk_budgets=budgets)
+    prefill_budgets = {tier: t.prefill.engine.max_num_batched_tokens for tier, t in cfg.tiers.items()
+                       if t.prefill.engine.max_num_batched_tokens}
+    decider = PDDecider(routing.decode_only_below_tokens, routing.disaggregation, routing.whole_on_prefill_max_tokens)
+    return KVRouter(directories=directories, index=index, weights=routing.weights, decider=decider,
+                    picker=routing.picker, objectives=objectives, chunk_budgets=budgets,
+                    prefill_chunk_budgets=prefill_budgets)

@@ -1,4 +1,5 @@
-"""The P/D decider: remote prefill then decode, or local prefill on the decode engine?
+"""The P/D decider: remote prefill then decode, local prefill on the decode engine, or the
+whole request on the prefill engine?
 
 A remote prefill pays two hops and a KV transfer, and queues behind the prefill engine's other
 prompts, to keep the prompt's computation off the decode engine, whose running streams would
@@ -35,6 +36,12 @@ Rules, in order (the reason is the metric label):
    would have met ttft_s, else "local_faster"): the two engines share the prompts.
 6. remote otherwise: "prefill_ok" when it meets ttft_s, "decode_gap_budget" when the gap is
    why not local, "overloaded" when local is slower too.
+7. a remote verdict of rules 4-6 for a short answer (max_tokens <= whole_on_prefill_max_tokens)
+   becomes "whole" ("short_output") when the prefill engine's chunk keeps a stream's gap
+   within gap_s: the prompt is computed where remote would compute it, and the few tokens
+   after it cost that engine less than the decode hop, the KV transfer and the gap the
+   handoff puts between the first and second token (RESULTS.md section 8: 300-500 ms on the
+   2-core VM, past the every-gap bound).
 
 Pure: `decide` reads only its frozen inputs.
 """
@@ -43,12 +50,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, Optional
 
 from router.routing.cost_model import EngineCostModel
 
 Mode = Literal["adaptive", "always", "never"]
-Path = Literal["remote", "local"]
+Path = Literal["remote", "local", "whole"]
 MIN_CHUNK_TOKENS = 16  # a decode engine whose batch fills its budget still prefills a little per step
 REMOTE_QUEUE_SHARE = 0.5  # of the TTFT slack an idle prefill engine leaves, its queue may take (rule 4)
 
@@ -60,6 +67,7 @@ class PDDecider:
 
     decode_only_below_tokens: int = 0
     mode: Mode = "always"
+    whole_on_prefill_max_tokens: int = 0  # rule 7; 0 = off (the cluster config turns it on)
 
     def skip_prefill(self, prompt_tokens: int, cached_on_decode_tokens: int) -> bool:
         """The fixed threshold alone (rule 2)."""
@@ -72,12 +80,14 @@ class RequestView:
     prompt_tokens: int
     cached_on_decode: int = 0  # leading prompt tokens the chosen decode engine holds
     cached_on_prefill: int = 0  # ... the chosen prefill engine holds
+    max_tokens: Optional[int] = None  # the answer's bound; None: unknown
 
 
 @dataclass(frozen=True)
 class PrefillView:
     queued_tokens: int  # uncached prompt tokens queued or running on the chosen prefill engine
     model: EngineCostModel = EngineCostModel()
+    chunk_budget_tokens: int = 2048  # the engine's max_num_batched_tokens per step (vLLM's default)
 
 
 @dataclass(frozen=True)
@@ -106,6 +116,10 @@ class Decision:
     @property
     def skip_prefill(self) -> bool:
         return self.path == "local"
+
+    @property
+    def whole_on_prefill(self) -> bool:
+        return self.path == "whole"
 
 
 def predict_remote(req: RequestView, prefill: PrefillView, queued: bool = True) -> float:
@@ -142,18 +156,35 @@ def decide(policy: PDDecider, req: RequestView, prefill: PrefillView, decode: De
         return out("local", "short_uncached")
     if policy.mode == "always":
         return out("remote", "always")
+    verdict = _adaptive(req, prefill, decode, objectives, per_token, ttft_remote, ttft_local, gap_local)
+    if verdict[0] == "remote" and _whole_fits(policy, req, prefill, objectives):
+        return out("whole", "short_output")
+    return out(*verdict)
+
+
+def _whole_fits(policy: PDDecider, req: RequestView, prefill: PrefillView, objectives: Objectives) -> bool:
+    if req.max_tokens is None or not 0 < req.max_tokens <= policy.whole_on_prefill_max_tokens:
+        return False
+    # Its tokens share the prefill engine's steps with other prompts' chunks.
+    gap = prefill.model.step_s(1) + prefill.model.per_token_s() * prefill.chunk_budget_tokens
+    return gap <= objectives.gap_s
+
+
+def _adaptive(req: RequestView, prefill: PrefillView, decode: DecodeView, objectives: Objectives, per_token: float,
+              ttft_remote: float, ttft_local: float, gap_local: float) -> tuple[Path, str]:
+    """Rules 3-6."""
     gap_ok = decode.running_seqs == 0 or (
         gap_local <= objectives.gap_s and decode.model.step_s(decode.running_seqs + 1) <= objectives.itl_s)
     overhead_s = prefill.model.prefill.coefficients()[0]
     uncached_local = max(req.prompt_tokens - req.cached_on_decode, 0)
     ttft_idle = predict_remote(req, prefill, queued=False)
     if gap_ok and per_token * uncached_local <= overhead_s and ttft_local <= ttft_idle:
-        return out("local", "short_uncached")
+        return ("local", "short_uncached")
     slack = objectives.ttft_s - ttft_idle
     if ttft_remote <= objectives.ttft_s and ttft_remote - ttft_idle <= REMOTE_QUEUE_SHARE * slack:
-        return out("remote", "prefill_ok")
+        return ("remote", "prefill_ok")
     if gap_ok and ttft_local < ttft_remote:
-        return out("local", "prefill_queue" if ttft_idle <= objectives.ttft_s else "local_faster")
+        return ("local", "prefill_queue" if ttft_idle <= objectives.ttft_s else "local_faster")
     if ttft_remote <= objectives.ttft_s:
-        return out("remote", "prefill_ok")
-    return out("remote", "decode_gap_budget" if not gap_ok else "overloaded")
+        return ("remote", "prefill_ok")
+    return ("remote", "decode_gap_budget" if not gap_ok else "overloaded")

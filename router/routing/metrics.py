@@ -6,14 +6,15 @@ from cluster.metrics import Counter, Histogram
 
 DECISIONS = Counter(
     "tandem_routing_decisions",
-    "Routing decisions by pool, path (disaggregated | decode_only) and reason "
+    "Routing decisions by pool, path (disaggregated | decode_only | prefill_only) and reason "
     "(prefix_hit, load, no_workers, index_unavailable).",
     ["tier", "path", "reason"],
 )
 PD_DECISIONS = Counter(
     "tandem_pd_decisions",
-    "The P/D decider's verdicts (router/routing/decider.py) by path (remote | local) and reason "
-    "(short_uncached, prefill_ok, prefill_queue, local_faster, decode_gap_budget, overloaded, always, never).",
+    "The P/D decider's verdicts (router/routing/decider.py) by path (remote | local | whole) and reason "
+    "(short_uncached, prefill_ok, prefill_queue, local_faster, decode_gap_budget, overloaded, short_output, always, "
+    "never).",
     ["tier", "path", "reason"],
 )
 PREDICTED_HIT_TOKENS = Counter(

@@ -9,13 +9,14 @@ Lifecycle and call order:
    decision and its reason. Never raises for routing reasons: an index that
    cannot answer (Redis down, slow) means load-only routing, no workers known means "let
    Serve choose".
-3. `dispatch(decision.prefill / decision.decode, request_id)` as a context manager around
-   each hop: pins the request to the chosen replica and counts it in flight. Around the hop
-   that computes the prompt it also counts the prompt's uncached tokens as queued on that
-   replica: a prefill hop until it returns (and, with nothing of this gateway's queued ahead
-   of it, timed: one observation for that engine's prefill cost model), a local prefill on
-   a decode replica until `first_token(request_id)` or the hop's end.
-4. `first_token(request_id)` when a decode hop yields its first token.
+3. `dispatch(decision.prefill / decision.decode, request_id, streams)` as a context manager
+   around each hop: pins the request to the chosen replica and counts it in flight. Around
+   the hop that computes the prompt it also counts the prompt's uncached tokens as queued on
+   that replica: a prefill hop until it returns, a streaming hop (a local prefill on decode,
+   a whole request on prefill) until `first_token(request_id)` or the hop's end. A prefill
+   engine's prompt with nothing of this gateway's queued ahead of it is timed until done:
+   one observation for that engine's prefill cost model.
+4. `first_token(request_id)` when a streaming hop yields its first token.
 5. `close()` once: stops the subscribers and the index client.
 """
 
@@ -26,6 +27,7 @@ import contextlib
 import logging
 import random
 import time
+from dataclasses import dataclass
 from typing import Callable, Iterator, Mapping, Optional
 
 from cluster.config import SLOConfig
@@ -75,6 +77,7 @@ class KVRouter:
                  rng: Optional[random.Random] = None, clock: Callable[[], float] = time.monotonic,
                  picker: str = "max_score", objectives: Optional[Mapping[str, Objectives]] = None,
                  chunk_budgets: Optional[Mapping[str, int]] = None,
+                 prefill_chunk_budgets: Optional[Mapping[str, int]] = None,
                  timer: Callable[[], float] = time.perf_counter):
         # directories: (tier, pool) → the PoolDirectory of that deployment ("interactive", "prefill").
         self._directories = dict(directories)
@@ -92,13 +95,14 @@ class KVRouter:
         # The decider's inputs: tier → objectives and decode chunk budget; worker_id → its cost
         # model (replaced on each observation) and its last step report seen.
         self._objectives = dict(objectives or {})
-        self._chunk_budgets = dict(chunk_budgets or {})
+        self._chunk_budgets = dict(chunk_budgets or {})  # tier → its decode engines' budget
+        self._prefill_budgets = dict(prefill_chunk_budgets or {})  # ... its prefill engines'
         self._timer = timer
         self._models: dict[str, EngineCostModel] = {}
         self._step_reports: dict[str, tuple] = {}
         self._queued_tokens: dict[str, int] = {}  # replica_id → this gateway's uncached prompt tokens on it
         self._pending: dict[str, int] = {}  # request_id → uncached prompt tokens, until its hop starts
-        self._local_prefills: dict[str, tuple[str, int]] = {}  # request_id → (decode replica_id, tokens queued)
+        self._prompts: dict[str, _QueuedPrompt] = {}  # request_id → its prompt queued on a replica, until done
 
     # -- workers and their event streams ---------------------------------------------------
 
@@ -184,12 +188,13 @@ class KVRouter:
                            num_blocks=num_blocks, matches=matches)
         decode = self._pick(decode_workers, ctx, tier, "decode")
         prefill = None
-        skip = False
+        skip = whole = False
         if decode is not None:
             if self._decider.mode != "never":
                 prefill = self._pick(prefill_workers, ctx, tier, "prefill")
-            verdict = self._decide(ctx, tier, decode, prefill)
+            verdict = self._decide(ctx, tier, decode, prefill, request.sampling.max_tokens)
             skip = verdict.skip_prefill
+            whole = verdict.whole_on_prefill and prefill is not None
             metrics.PD_DECISIONS.labels(tier=tier, path=verdict.path, reason=verdict.reason).inc()
             log.debug("request %s: %s (%s): ttft remote %.3f s, local %.3f s, streams' gap if local %.3f s",
                       request.request_id, verdict.path, verdict.reason, verdict.ttft_remote_s,
@@ -209,15 +214,16 @@ class KVRouter:
         else:
             reason = "prefix_hit" if hit > 0 else "load"
         decision = RouteDecision(prefill=prefill, decode=decode, skip_prefill=skip, reason=reason,
-                                 predicted_hit_tokens=hit)
-        path = "decode_only" if skip else "disaggregated"
+                                 predicted_hit_tokens=hit, whole_on_prefill=whole)
+        path = "decode_only" if skip else "prefill_only" if whole else "disaggregated"
         metrics.DECISIONS.labels(tier=tier, path=path, reason=reason).inc()
         metrics.PREDICTED_HIT_TOKENS.labels(tier=tier, pool="decode" if skip else "prefill").inc(hit)
         metrics.PROMPT_TOKENS.labels(tier=tier).inc(ctx.prompt_tokens)
         metrics.DECISION_SECONDS.observe(time.perf_counter() - started)
         return decision
 
-    def _decide(self, ctx: RouteContext, tier: str, decode: Pick, prefill: Optional[Pick]):
+    def _decide(self, ctx: RouteContext, tier: str, decode: Pick, prefill: Optional[Pick],
+                max_tokens: Optional[int]):
         """The decider's frozen inputs from the chosen engines' reported stats, this gateway's
         own queue accounting (fresher than the stats) and the cost models."""
         d_stats = self._stats_of(decode.worker)
@@ -233,9 +239,10 @@ class KVRouter:
             queued = max(p_stats.queued_prompt_tokens or 0,
                          self._queued_tokens.get(prefill.worker.replica_id, 0))
             prefill_view = PrefillView(queued_tokens=queued,
-                                       model=self._models.get(prefill.worker.worker_id, EngineCostModel()))
+                                       model=self._models.get(prefill.worker.worker_id, EngineCostModel()),
+                                       chunk_budget_tokens=self._prefill_budgets.get(tier, DEFAULT_CHUNK_BUDGET))
         req = RequestView(prompt_tokens=ctx.prompt_tokens, cached_on_decode=_hit_tokens(decode, ctx),
-                          cached_on_prefill=_hit_tokens(prefill, ctx))
+                          cached_on_prefill=_hit_tokens(prefill, ctx), max_tokens=max_tokens)
         return decide(self._decider, req, prefill_view, decode_view,
                       self._objectives.get(tier, DEFAULT_OBJECTIVES))
 
@@ -271,8 +278,10 @@ class KVRouter:
         return pick(workers, ctx, self._weights, self._rng, self._picker, turn)
 
     @contextlib.contextmanager
-    def dispatch(self, chosen: Optional[Pick], request_id: str) -> Iterator[None]:
-        """Send the next call for `request_id` to the chosen replica, counted in flight."""
+    def dispatch(self, chosen: Optional[Pick], request_id: str, streams: bool = False) -> Iterator[None]:
+        """Send the next call for `request_id` to the chosen replica, counted in flight. If this
+        hop computes the prompt, its uncached tokens count as queued on the replica until the
+        prompt is done: when the hop returns, or, for a hop that `streams`, at `first_token`."""
         if chosen is None:
             yield
             return
@@ -280,38 +289,45 @@ class KVRouter:
         directory = self._directories[(worker.tier, worker.pool)]
         directory.pin(request_id, worker.replica_id)
         self._in_flight[worker.replica_id] = self._in_flight.get(worker.replica_id, 0) + 1
-        tokens = self._pending.pop(request_id, None)  # this hop computes the prompt
+        tokens = self._pending.pop(request_id, None)
         if tokens is not None:
             ahead = self._queued_tokens.get(worker.replica_id, 0)
             self._queued_tokens[worker.replica_id] = ahead + tokens
-            hop_started = self._timer()
-            if worker.pool == "decode":
-                self._local_prefills[request_id] = (worker.replica_id, tokens)
+            # A clean sample of a prefill engine's cost: queued behind none of this gateway's
+            # prompts (those ahead were partly computed already, so counting them whole would
+            # bias the fit's intercept towards 0).
+            self._prompts[request_id] = _QueuedPrompt(worker, tokens, self._timer(),
+                                                      timed=ahead == 0 and worker.pool == "prefill")
         try:
             yield
+        except BaseException:
+            self._prompt_done(request_id, observe=False)
+            raise
         finally:
             directory.unpin(request_id)
             _release(self._in_flight, worker.replica_id, 1)
-            if tokens is not None and worker.pool == "prefill":
-                _release(self._queued_tokens, worker.replica_id, tokens)
-            self.first_token(request_id)  # a local prefill that ended before its first token
-        # A clean sample: the prefill hop returned (disagg.py catches its failures inside) and
-        # queued behind none of this gateway's prompts (those ahead were partly computed
-        # already, so counting them whole would bias the fit's intercept towards 0).
-        if tokens is not None and ahead == 0 and worker.pool == "prefill":
-            seconds = self._timer() - hop_started
-            model = self._models.get(worker.worker_id, EngineCostModel())
-            # A timed-out or failed hop (disagg.py catches those inside the hop) is not a
-            # prefill time: one observation moves the model at most 3x from its prediction.
-            predicted = model.prefill_s(tokens)
-            seconds = min(max(seconds, predicted / OUTLIER_FACTOR), predicted * OUTLIER_FACTOR)
-            self._models[worker.worker_id] = model.observe_prefill(tokens, seconds)
+        # Returned: a prefill hop computed its prompt (disagg.py catches its failures inside);
+        # a stream that ended before its first token computed nothing to time.
+        self._prompt_done(request_id, observe=not streams)
 
     def first_token(self, request_id: str) -> None:
-        """A decode hop yielded its first token: a local prefill's prompt is no longer queued there."""
-        held = self._local_prefills.pop(request_id, None)
-        if held is not None:
-            _release(self._queued_tokens, *held)
+        """A streaming hop yielded its first token: its prompt is no longer queued there."""
+        self._prompt_done(request_id, observe=True)
+
+    def _prompt_done(self, request_id: str, observe: bool) -> None:
+        prompt = self._prompts.pop(request_id, None)
+        if prompt is None:
+            return
+        _release(self._queued_tokens, prompt.worker.replica_id, prompt.tokens)
+        if not (observe and prompt.timed):
+            return
+        seconds = self._timer() - prompt.started
+        model = self._models.get(prompt.worker.worker_id, EngineCostModel())
+        # A timed-out or failed hop (disagg.py catches those inside the hop) is not a
+        # prefill time: one observation moves the model at most 3x from its prediction.
+        predicted = model.prefill_s(prompt.tokens)
+        seconds = min(max(seconds, predicted / OUTLIER_FACTOR), predicted * OUTLIER_FACTOR)
+        self._models[prompt.worker.worker_id] = model.observe_prefill(prompt.tokens, seconds)
 
     def close(self) -> None:
         for sub in self._subscribers.values():
@@ -319,6 +335,14 @@ class KVRouter:
         self._subscribers.clear()
         if self._index is not None:
             self._index.close()
+
+
+@dataclass(frozen=True)
+class _QueuedPrompt:
+    worker: Worker
+    tokens: int
+    started: float
+    timed: bool  # its time until done is a sample of the worker's prefill cost
 
 
 def _release(counts: dict[str, int], key: str, amount: int) -> None:

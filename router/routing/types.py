@@ -47,10 +47,12 @@ class Pick:
 @dataclass(frozen=True)
 class RouteDecision:
     """Where one request goes. `prefill` None with `skip_prefill` False means: no worker known,
-    let Serve choose. `reason` is counted in metrics."""
+    let Serve choose. `reason` is counted in metrics. `skip_prefill` and `whole_on_prefill`
+    are never both set."""
 
     prefill: Optional[Pick]
     decode: Optional[Pick]
     skip_prefill: bool
     reason: str
     predicted_hit_tokens: int = 0  # prompt tokens the chosen engine should find cached
+    whole_on_prefill: bool = False  # the whole request on `prefill` (a short answer): no decode hop

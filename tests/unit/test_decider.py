@@ -271,7 +271,7 @@ def test_a_local_prefill_is_queued_on_its_decode_replica_until_its_first_token()
             assert r._queued_tokens == {"x": 300}  # a streams now; b's prompt is still ahead
         assert r._queued_tokens == {}  # b's hop ended before its first token: released with it
     r.first_token("a")  # a late or second call releases nothing twice
-    assert r._queued_tokens == {} and r._local_prefills == {} and r._pending == {}
+    assert r._queued_tokens == {} and r._prompts == {} and r._pending == {}
 
 
 def test_decode_step_reports_calibrate_once_per_new_report():

@@ -1,0 +1,145 @@
+"""A short answer runs whole on the prefill engine (the decider's "whole" path, rule 7): the
+decision as a pure function, then through DisaggregatedBackend over fake Serve pools
+(tests/fakes.py): the one hop it takes, its fallback to decode before its first token, and
+the router's queue accounting left empty."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+
+import pytest
+from vllm import SamplingParams
+
+from cluster.protocol import EngineRequest, new_token_ids
+from cluster.types import RoutingStats, TierPools
+from router.disagg import DisaggregatedBackend
+from router.routing.decider import DecodeView, Objectives, PDDecider, PrefillView, RequestView, decide
+from router.routing.directory import PoolDirectory, ReplicaInfo
+from router.routing.service import KVRouter
+from tests.fakes import FakeServePool
+
+TIER = "interactive"
+SLO = Objectives(ttft_s=1.0, itl_s=0.1, gap_s=0.2)
+WHOLE = PDDecider(mode="adaptive", whole_on_prefill_max_tokens=16)
+
+
+def short(max_tokens=8, prompt=300) -> RequestView:
+    return RequestView(prompt_tokens=prompt, max_tokens=max_tokens)
+
+
+def prefill_view(budget=64, queued=0) -> PrefillView:
+    return PrefillView(queued_tokens=queued, chunk_budget_tokens=budget)
+
+
+DECODE = DecodeView(running_seqs=2, chunk_budget_tokens=64)
+
+
+def test_a_short_answer_that_would_go_remote_runs_whole_on_prefill():
+    d = decide(WHOLE, short(), prefill_view(), DECODE, SLO)
+    assert (d.path, d.reason, d.whole_on_prefill, d.skip_prefill) == ("whole", "short_output", True, False)
+
+
+def test_long_or_unbounded_answers_and_the_other_modes_keep_their_paths():
+    assert decide(WHOLE, short(max_tokens=17), prefill_view(), DECODE, SLO).path == "remote"
+    assert decide(WHOLE, short(max_tokens=None), prefill_view(), DECODE, SLO).path == "remote"
+    assert decide(PDDecider(mode="adaptive"), short(), prefill_view(), DECODE, SLO).path == "remote"  # off
+    for mode, path in (("always", "remote"), ("never", "local")):
+        policy = PDDecider(mode=mode, whole_on_prefill_max_tokens=16)
+        assert decide(policy, short(), prefill_view(), DECODE, SLO).path == path
+
+
+def test_a_prefill_engine_whose_chunk_would_break_a_gap_takes_no_whole_request():
+    # 2048 tokens a step at 2 ms each: a 4 s gap for the streams it runs.
+    assert decide(WHOLE, short(), prefill_view(budget=2048), DECODE, SLO).path == "remote"
+
+
+def test_a_verdict_for_local_stays_local():
+    # A short uncached prompt costs decode less than the remote hops: no reason to use prefill.
+    assert decide(WHOLE, short(prompt=20), prefill_view(), DECODE, SLO).path == "local"
+
+
+# -- through the backend ------------------------------------------------------------------------
+
+
+def make_backend(prefill_timeout_s: float = 5.0):
+    dirs = {(TIER, pool): PoolDirectory() for pool in ("prefill", "decode")}
+    pools = TierPools(prefill=FakeServePool(dirs[(TIER, "prefill")], ["p0"]),
+                      decode=FakeServePool(dirs[(TIER, "decode")], ["d0"]))
+    dirs[(TIER, "prefill")].set_replicas([ReplicaInfo("p0", 64, RoutingStats.from_dict(
+        {"worker_id": "interactive-prefill-p0", "queued_prompt_tokens": 0}))])
+    dirs[(TIER, "decode")].set_replicas([ReplicaInfo("d0", 64, RoutingStats.from_dict(
+        {"worker_id": "interactive-decode-d0", "running_seqs": 0}))])
+    router = KVRouter(directories=dirs, index=None, weights={"load": 1.0}, decider=WHOLE, subscribe=False,
+                      rng=random.Random(0), objectives={TIER: SLO}, chunk_budgets={TIER: 64},
+                      prefill_chunk_budgets={TIER: 64})
+    return DisaggregatedBackend(pools={TIER: pools}, prefill_timeout_s=prefill_timeout_s, router=router), pools, router
+
+
+def request(max_tokens: int = 3) -> EngineRequest:
+    return EngineRequest("req-0", tuple(range(300)), SamplingParams(max_tokens=max_tokens), tier=TIER)
+
+
+async def tokens_of(backend, req) -> int:
+    return sum([len(new_token_ids(o)) async for o in backend.generate(req)])
+
+
+def assert_no_leak(router: KVRouter) -> None:
+    assert router._queued_tokens == {} and router._prompts == {} and router._pending == {}
+    assert router._in_flight == {}
+
+
+def test_the_whole_request_streams_from_the_prefill_replica_alone():
+    backend, pools, router = make_backend()
+    assert asyncio.run(tokens_of(backend, request())) == 3
+    assert pools.prefill.calls == [("generate", "req-0", "p0")]
+    assert pools.decode.calls == []
+    assert router.cost_model("interactive-prefill-p0").prefill.observations == 1  # timed to its first token
+    assert_no_leak(router)
+
+
+def test_a_long_answer_takes_the_disaggregated_path():
+    backend, pools, router = make_backend()
+    assert asyncio.run(tokens_of(backend, request(max_tokens=40))) == 40
+    assert pools.prefill.replica_of("prefill", "req-0") == ["p0"]
+    assert pools.decode.replica_of("generate", "req-0") == ["d0"]
+    assert_no_leak(router)
+
+
+def test_a_prefill_replica_that_fails_before_the_first_token_costs_a_recompute_on_decode():
+    backend, pools, router = make_backend()
+    pools.prefill.refuse = RuntimeError("replica died")
+    assert asyncio.run(tokens_of(backend, request())) == 3
+    assert pools.decode.replica_of("generate", "req-0") == ["d0"]
+    assert router.cost_model("interactive-prefill-p0").prefill.observations == 0  # a failure is no sample
+    assert_no_leak(router)
+
+
+def test_a_stuck_prefill_replica_is_aborted_and_decode_answers():
+    backend, pools, router = make_backend(prefill_timeout_s=0.2)
+    pools.prefill.hang_decode = True  # its stream yields nothing
+    assert asyncio.run(tokens_of(backend, request())) == 3
+    assert pools.prefill.replica_of("abort", "req-0") == ["p0"]  # where the stuck request runs
+    assert pools.decode.replica_of("generate", "req-0") == ["d0"]
+    assert_no_leak(router)
+
+
+def test_a_client_that_leaves_closes_the_hop_at_once():
+    backend, pools, router = make_backend()
+
+    async def leave_after_one():
+        stream = backend.generate(request(max_tokens=10))
+        await anext(stream)
+        await stream.aclose()  # what the OpenAI layer does when the client disconnects
+        await asyncio.sleep(0.05)  # the fire-and-forget abort
+
+    asyncio.run(leave_after_one())
+    assert pools.prefill.replica_of("abort", "req-0") == ["p0"]
+    assert_no_leak(router)
+
+
+@pytest.mark.parametrize("max_tokens", [1, 16])
+def test_the_bound_is_inclusive(max_tokens):
+    backend, pools, router = make_backend()
+    assert asyncio.run(tokens_of(backend, request(max_tokens=max_tokens))) == max_tokens
+    assert pools.prefill.calls == [("generate", "req-0", "p0")]

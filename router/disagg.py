@@ -272,9 +272,11 @@ class DisaggregatedBackend:
                     async for chunk in _first_token_within(stream, self._decode_first_token_timeout_s):
                         if not started:
                             started = True
-                            DECODE_FIRST_TOKEN_SECONDS.labels(tier=tier, path=path).observe(
-                                time.perf_counter() - decode_called)
+                            seconds = time.perf_counter() - decode_called
+                            DECODE_FIRST_TOKEN_SECONDS.labels(tier=tier, path=path).observe(seconds)
                             self._first_token(request)
+                            if path == "disaggregated" and routed is not None and routed.decode is not None:
+                                self._router.observe_handoff(routed.decode, seconds)
                         yield chunk
                 return
             except (asyncio.CancelledError, GeneratorExit):

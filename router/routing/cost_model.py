@@ -10,6 +10,10 @@ Two straight lines per engine, each fitted online by weighted least squares over
 - step: one decode step's seconds, as c + d·batch (running sequences), from the mean token
   gap each decode engine reports over its last routing-stats period.
 
+And one decayed mean per decode engine, `handoff`: the seconds from the gateway's call to it
+after a remote prefill until its first token (the KV pull, the hop, a step): the gap a client
+sees between the answer's first token (the prefill's) and its second.
+
 The prior is two pseudo-observations on a line measured on the 2-core test VM (loadtest/bench/
 RESULTS.md: 128 / 1500-token prompts ~0.28 / ~3.0 s through tandem, an unloaded decode step
 ~35-40 ms); it keeps the fit sane until data arrive, is outweighed after a few observations
@@ -81,6 +85,20 @@ STEP_PRIOR = LinearFit.prior(a=0.035, b=0.001, x_ref=8)
 
 
 @dataclass(frozen=True)
+class DecayedMean:
+    total: float = 0.0
+    weight: float = 0.0
+
+    def observe(self, y: float, decay: float = DECAY) -> "DecayedMean":
+        return DecayedMean(self.total * decay + y, self.weight * decay + 1.0) if y >= 0 else self
+
+    @property
+    def value(self) -> float:
+        """0 until observed."""
+        return self.total / self.weight if self.weight > 0 else 0.0
+
+
+@dataclass(frozen=True)
 class EngineCostModel:
     """One engine's two lines. A prefill engine calibrates `prefill`, a decode engine `step`;
     local prefill on a decode engine is costed with the prefill slope of the prefill engine
@@ -88,12 +106,19 @@ class EngineCostModel:
 
     prefill: LinearFit = PREFILL_PRIOR
     step: LinearFit = STEP_PRIOR
+    handoff: DecayedMean = DecayedMean()
 
     def observe_prefill(self, tokens: float, seconds: float) -> "EngineCostModel":
         return replace(self, prefill=self.prefill.observe(tokens, seconds))
 
     def observe_step(self, batch: float, seconds: float) -> "EngineCostModel":
         return replace(self, step=self.step.observe(batch, seconds))
+
+    def observe_handoff(self, seconds: float) -> "EngineCostModel":
+        return replace(self, handoff=self.handoff.observe(seconds))
+
+    def handoff_s(self) -> float:
+        return self.handoff.value
 
     def prefill_s(self, tokens: float) -> float:
         return self.prefill.predict(tokens)

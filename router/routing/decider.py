@@ -37,11 +37,12 @@ Rules, in order (the reason is the metric label):
 6. remote otherwise: "prefill_ok" when it meets ttft_s, "decode_gap_budget" when the gap is
    why not local, "overloaded" when local is slower too.
 7. a remote verdict of rules 4-6 for a short answer (max_tokens <= whole_on_prefill_max_tokens)
-   becomes "whole" ("short_output") when the prefill engine's chunk keeps a stream's gap
-   within gap_s: the prompt is computed where remote would compute it, and the few tokens
-   after it cost that engine less than the decode hop, the KV transfer and the gap the
-   handoff puts between the first and second token (RESULTS.md section 8: 300-500 ms on the
-   2-core VM, past the every-gap bound).
+   becomes "whole" ("short_output") when the prefill engine's chunk (a step with one chunk of
+   another prompt) keeps a stream's gap within gap_s, or within the gap the handoff itself
+   puts between the first and second token (the decode engine's observed handoff time;
+   RESULTS.md section 8: 300-500 ms on the 2-core VM, past the every-gap bound): the prompt
+   is computed where remote would compute it, and the few tokens after it cost that engine
+   less than the decode hop and the KV transfer.
 
 Pure: `decide` reads only its frozen inputs.
 """
@@ -157,17 +158,18 @@ def decide(policy: PDDecider, req: RequestView, prefill: PrefillView, decode: De
     if policy.mode == "always":
         return out("remote", "always")
     verdict = _adaptive(req, prefill, decode, objectives, per_token, ttft_remote, ttft_local, gap_local)
-    if verdict[0] == "remote" and _whole_fits(policy, req, prefill, objectives):
+    if verdict[0] == "remote" and _whole_fits(policy, req, prefill, decode, objectives):
         return out("whole", "short_output")
     return out(*verdict)
 
 
-def _whole_fits(policy: PDDecider, req: RequestView, prefill: PrefillView, objectives: Objectives) -> bool:
+def _whole_fits(policy: PDDecider, req: RequestView, prefill: PrefillView, decode: DecodeView,
+                objectives: Objectives) -> bool:
     if req.max_tokens is None or not 0 < req.max_tokens <= policy.whole_on_prefill_max_tokens:
         return False
     # Its tokens share the prefill engine's steps with other prompts' chunks.
     gap = prefill.model.step_s(1) + prefill.model.per_token_s() * prefill.chunk_budget_tokens
-    return gap <= objectives.gap_s
+    return gap <= max(objectives.gap_s, decode.model.handoff_s())
 
 
 def _adaptive(req: RequestView, prefill: PrefillView, decode: DecodeView, objectives: Objectives, per_token: float,

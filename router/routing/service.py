@@ -16,7 +16,9 @@ Lifecycle and call order:
    a whole request on prefill) until `first_token(request_id)` or the hop's end. A prefill
    engine's prompt with nothing of this gateway's queued ahead of it is timed until done:
    one observation for that engine's prefill cost model.
-4. `first_token(request_id)` when a streaming hop yields its first token.
+4. `first_token(request_id)` when a streaming hop yields its first token;
+   `observe_handoff(decode_pick, seconds)` when a decode hop after a remote prefill does
+   (the decode engine's handoff time, for the decider's rule 7).
 5. `close()` once: stops the subscribers and the index client.
 """
 
@@ -309,6 +311,10 @@ class KVRouter:
         # Returned: a prefill hop computed its prompt (disagg.py catches its failures inside);
         # a stream that ended before its first token computed nothing to time.
         self._prompt_done(request_id, observe=not streams)
+
+    def observe_handoff(self, chosen: Pick, seconds: float) -> None:
+        worker_id = chosen.worker.worker_id
+        self._models[worker_id] = self._models.get(worker_id, EngineCostModel()).observe_handoff(seconds)
 
     def first_token(self, request_id: str) -> None:
         """A streaming hop yielded its first token: its prompt is no longer queued there."""

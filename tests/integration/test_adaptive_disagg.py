@@ -21,7 +21,7 @@ from collections import Counter
 import pytest
 from vllm import SamplingParams
 
-from cluster.protocol import EngineRequest, finish_reason
+from cluster.protocol import EngineRequest, finish_reason, new_token_ids
 from cluster.types import PoolId, TierPools
 from router.disagg import DisaggregatedBackend
 from router.routing import service
@@ -98,3 +98,42 @@ async def scenario(backend, router, handles, verdicts) -> None:
     local = {reason: n for (path, reason), n in counts.items() if path == "local"}
     assert local and set(local) <= {"prefill_queue", "local_faster"}, counts
     assert counts[("remote", "prefill_ok")] >= 2, counts  # the first ones found the prefill engines idle
+
+
+def test_a_short_answer_runs_whole_on_a_real_prefill_engine(base_url, monkeypatch):
+    """The decider's "whole" path on vLLM: a prefill engine (NIXL producer) runs a request with
+    no KV transfer params as any engine does, and streams it to the end; decode is not used."""
+    from ray import serve
+
+    from router import disagg
+    from tests.fakes import RecordingMetric
+
+    routes = RecordingMetric()
+    monkeypatch.setattr(disagg, "ROUTES", routes)
+    dirs = {(TIER, pool): pool_directory(PoolId(TIER, pool)) for pool in ("prefill", "decode")}
+    handles = TierPools(prefill=serve.get_deployment_handle(f"{TIER}-prefill", app_name="tandem"),
+                        decode=serve.get_deployment_handle(f"{TIER}-decode", app_name="tandem"))
+    router = KVRouter(directories=dirs, index=None, weights={"load": 1.0}, subscribe=False,
+                      decider=PDDecider(mode="adaptive", whole_on_prefill_max_tokens=16),
+                      objectives={TIER: Objectives(ttft_s=10.0, itl_s=0.5, gap_s=10.0)})
+    backend = DisaggregatedBackend(pools={TIER: handles}, prefill_timeout_s=60, router=router)
+
+    async def run() -> tuple[str, int]:
+        await handles.prefill.stats.remote()
+        await handles.decode.stats.remote()
+        deadline = time.monotonic() + 60
+        while not (router.workers(TIER, "prefill") and router.workers(TIER, "decode")):
+            assert time.monotonic() < deadline, "the Serve routers did not publish both pools"
+            await asyncio.sleep(0.25)
+        finish, tokens = None, 0
+        async for chunk in backend.generate(engine_request(random.Random(time.time_ns()))):
+            finish = finish_reason(chunk) or finish
+            tokens += len(new_token_ids(chunk))
+        return finish, tokens
+
+    try:
+        assert asyncio.run(run()) == ("length", 4)
+    finally:
+        router.close()
+    assert routes.values("inc", path="prefill_only") == [1.0]
+    assert routes.values("inc", path="fallback_recompute") == []

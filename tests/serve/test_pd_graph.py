@@ -170,3 +170,54 @@ def test_the_gateway_answers_its_own_routes(graph, route):
         assert [m["id"] for m in r.json()["data"]] == [MODEL_NAME]
     else:
         assert r.json()["pools"] == {"interactive-prefill": "ready", "interactive-decode": "ready"}
+
+
+def test_a_short_answer_runs_whole_on_the_prefill_replica(graph):
+    """The decider's "whole" path through the real prefill replica (PrefillWorker.generate):
+    the gateway's request path built in this process, as tests/integration/test_adaptive_disagg.py
+    does, with an adaptive router whose whole-on-prefill bound is on (the graph's own gateway
+    disaggregates always)."""
+    import asyncio
+    import uuid
+
+    from ray import serve
+    from vllm import SamplingParams
+
+    from cluster.protocol import EngineRequest, new_token_ids
+    from cluster.types import APP_NAME, PoolId, TierPools
+    from router.disagg import DisaggregatedBackend
+    from router.routing.decider import Objectives, PDDecider
+    from router.routing.directory import pool_directory
+    from router.routing.service import KVRouter
+
+    tier = "interactive"
+    handles = TierPools(prefill=serve.get_deployment_handle(PoolId(tier, "prefill").deployment_name, app_name=APP_NAME),
+                        decode=serve.get_deployment_handle(PoolId(tier, "decode").deployment_name, app_name=APP_NAME))
+    router = KVRouter(directories={(tier, p): pool_directory(PoolId(tier, p)) for p in ("prefill", "decode")},
+                      index=None, weights={"load": 1.0}, subscribe=False,
+                      decider=PDDecider(mode="adaptive", whole_on_prefill_max_tokens=16),
+                      objectives={tier: Objectives(ttft_s=30.0, itl_s=1.0, gap_s=2.0)},
+                      prefill_chunk_budgets={tier: 64})
+    backend = DisaggregatedBackend(pools={tier: handles}, prefill_timeout_s=30, router=router)
+    # 120 tokens: past what the decider keeps on decode as cheaper than the hops (rule 3).
+    prompt = tuple(random.Random(7).randrange(5, graph.vocab_size) for _ in range(120))
+    request = EngineRequest(f"whole-{uuid.uuid4()}", prompt, SamplingParams(max_tokens=6, temperature=0), tier=tier)
+
+    async def run() -> list[int]:
+        await handles.prefill.stats.remote()  # this process's Serve routers publish the replicas once used
+        await handles.decode.stats.remote()
+        deadline = time.monotonic() + 30
+        while not (router.workers(tier, "prefill") and router.workers(tier, "decode")):
+            assert time.monotonic() < deadline, "the Serve routers did not publish both pools"
+            await asyncio.sleep(0.25)
+        return [t async for out in backend.generate(request) for t in new_token_ids(out)]
+
+    decode_before = _ids("seen", "decode", DECODE_REPLICAS)
+    try:
+        tokens = asyncio.run(run())
+    finally:
+        router.close()
+    assert tokens == list(fake_tokens(prompt, 6, graph.vocab_size))
+    assert request.request_id in _ids("seen", "prefill", 1).popitem()[1]
+    assert not any(request.request_id in ids for ids in _new(_ids("seen", "decode", DECODE_REPLICAS),
+                                                              decode_before).values())

@@ -14,6 +14,7 @@ from vllm import SamplingParams
 from cluster.protocol import EngineRequest, new_token_ids
 from cluster.types import RoutingStats, TierPools
 from router.disagg import DisaggregatedBackend
+from router.routing.cost_model import EngineCostModel
 from router.routing.decider import DecodeView, Objectives, PDDecider, PrefillView, RequestView, decide
 from router.routing.directory import PoolDirectory, ReplicaInfo
 from router.routing.service import KVRouter
@@ -52,6 +53,16 @@ def test_long_or_unbounded_answers_and_the_other_modes_keep_their_paths():
 def test_a_prefill_engine_whose_chunk_would_break_a_gap_takes_no_whole_request():
     # 2048 tokens a step at 2 ms each: a 4 s gap for the streams it runs.
     assert decide(WHOLE, short(), prefill_view(budget=2048), DECODE, SLO).path == "remote"
+
+
+def test_a_chunk_gap_past_the_bound_still_beats_a_longer_handoff_gap():
+    # A 256-token chunk at the prior's 2 ms a token: a 0.55 s gap, past gap_s (0.2 s)...
+    assert decide(WHOLE, short(), prefill_view(budget=256), DECODE, SLO).path == "remote"
+    # ...but shorter than the 0.6 s the handoff puts between the first token and the second.
+    slow_handoff = EngineCostModel().observe_handoff(0.6)
+    decode = DecodeView(running_seqs=2, chunk_budget_tokens=64, model=slow_handoff)
+    assert slow_handoff.handoff_s() == pytest.approx(0.6)
+    assert decide(WHOLE, short(), prefill_view(budget=256), decode, SLO).path == "whole"
 
 
 def test_a_verdict_for_local_stays_local():
@@ -103,6 +114,7 @@ def test_a_long_answer_takes_the_disaggregated_path():
     assert asyncio.run(tokens_of(backend, request(max_tokens=40))) == 40
     assert pools.prefill.replica_of("prefill", "req-0") == ["p0"]
     assert pools.decode.replica_of("generate", "req-0") == ["d0"]
+    assert router.cost_model("interactive-decode-d0").handoff.weight == 1  # the handoff's time, observed
     assert_no_leak(router)
 
 

@@ -10,9 +10,10 @@ Two straight lines per engine, each fitted online by weighted least squares over
 - step: one decode step's seconds, as c + d·batch (running sequences), from the mean token
   gap each decode engine reports over its last routing-stats period.
 
-And one decayed mean per decode engine, `handoff`: the seconds from the gateway's call to it
-after a remote prefill until its first token (the KV pull, the hop, a step): the gap a client
-sees between the answer's first token (the prefill's) and its second.
+And per decode engine, `handoff`: the seconds from the gateway's call to it after a remote
+prefill until its first token (the KV pull, the hop, a step), the gap a client sees between the
+answer's first token (the prefill's) and its second; its decayed mean and spread give the gap
+one request in ten sees (`p90`: mean + 1.28 standard deviations, as for a normal spread).
 
 The prior is two pseudo-observations on a line measured on the 2-core test VM (loadtest/bench/
 RESULTS.md: 128 / 1500-token prompts ~0.28 / ~3.0 s through tandem, an unloaded decode step
@@ -85,17 +86,27 @@ STEP_PRIOR = LinearFit.prior(a=0.035, b=0.001, x_ref=8)
 
 
 @dataclass(frozen=True)
-class DecayedMean:
+class DecayedSpread:
     total: float = 0.0
+    squares: float = 0.0
     weight: float = 0.0
 
-    def observe(self, y: float, decay: float = DECAY) -> "DecayedMean":
-        return DecayedMean(self.total * decay + y, self.weight * decay + 1.0) if y >= 0 else self
+    def observe(self, y: float, decay: float = DECAY) -> "DecayedSpread":
+        if y < 0:
+            return self
+        return DecayedSpread(self.total * decay + y, self.squares * decay + y * y, self.weight * decay + 1.0)
 
     @property
-    def value(self) -> float:
+    def mean(self) -> float:
         """0 until observed."""
         return self.total / self.weight if self.weight > 0 else 0.0
+
+    @property
+    def p90(self) -> float:
+        if self.weight <= 0:
+            return 0.0
+        variance = max(self.squares / self.weight - self.mean ** 2, 0.0)
+        return self.mean + 1.28 * variance ** 0.5
 
 
 @dataclass(frozen=True)
@@ -106,7 +117,7 @@ class EngineCostModel:
 
     prefill: LinearFit = PREFILL_PRIOR
     step: LinearFit = STEP_PRIOR
-    handoff: DecayedMean = DecayedMean()
+    handoff: DecayedSpread = DecayedSpread()
 
     def observe_prefill(self, tokens: float, seconds: float) -> "EngineCostModel":
         return replace(self, prefill=self.prefill.observe(tokens, seconds))
@@ -118,7 +129,8 @@ class EngineCostModel:
         return replace(self, handoff=self.handoff.observe(seconds))
 
     def handoff_s(self) -> float:
-        return self.handoff.value
+        """The handoff's gap one request in ten sees (0 until observed)."""
+        return self.handoff.p90
 
     def prefill_s(self, tokens: float) -> float:
         return self.prefill.predict(tokens)

@@ -39,7 +39,8 @@ Rules, in order (the reason is the metric label):
 7. a remote verdict of rules 4-6 for a short answer (max_tokens <= whole_on_prefill_max_tokens)
    becomes "whole" ("short_output") when the prefill engine's chunk (a step with one chunk of
    another prompt) keeps a stream's gap within gap_s, or within the gap the handoff itself
-   puts between the first and second token (the decode engine's observed handoff time;
+   puts between the first and second token of one request in ten (the decode engine's
+   observed handoff times, cost_model.py;
    RESULTS.md section 8: 300-500 ms on the 2-core VM, past the every-gap bound): the prompt
    is computed where remote would compute it, and the few tokens after it cost that engine
    less than the decode hop and the KV transfer.

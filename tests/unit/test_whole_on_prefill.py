@@ -61,8 +61,17 @@ def test_a_chunk_gap_past_the_bound_still_beats_a_longer_handoff_gap():
     # ...but shorter than the 0.6 s the handoff puts between the first token and the second.
     slow_handoff = EngineCostModel().observe_handoff(0.6)
     decode = DecodeView(running_seqs=2, chunk_budget_tokens=64, model=slow_handoff)
-    assert slow_handoff.handoff_s() == pytest.approx(0.6)
+    assert slow_handoff.handoff_s() == pytest.approx(0.6)  # one observation: no spread yet
     assert decide(WHOLE, short(), prefill_view(budget=256), decode, SLO).path == "whole"
+
+
+def test_the_handoff_gap_is_the_one_a_request_in_ten_sees():
+    model = EngineCostModel()
+    for seconds in [0.1, 0.3] * 20:
+        model = model.observe_handoff(seconds)
+    assert model.handoff.mean == pytest.approx(0.2, abs=0.01)
+    assert model.handoff_s() == pytest.approx(0.2 + 1.28 * 0.1, abs=0.01)
+    assert EngineCostModel().handoff_s() == 0  # never observed: no handoff gap to beat
 
 
 def test_a_verdict_for_local_stays_local():

@@ -37,13 +37,15 @@ Rules, in order (the reason is the metric label):
 6. remote otherwise: "prefill_ok" when it meets ttft_s, "decode_gap_budget" when the gap is
    why not local, "overloaded" when local is slower too.
 7. a remote verdict of rules 4-6 for a short answer (max_tokens <= whole_on_prefill_max_tokens)
-   becomes "whole" ("short_output") when the prefill engine's chunk (a step with one chunk of
-   another prompt) keeps a stream's gap within gap_s, or within the gap the handoff itself
-   puts between the first and second token of one request in ten (the decode engine's
-   observed handoff times, cost_model.py;
-   RESULTS.md section 8: 300-500 ms on the 2-core VM, past the every-gap bound): the prompt
-   is computed where remote would compute it, and the few tokens after it cost that engine
-   less than the decode hop and the KV transfer.
+   becomes "whole" ("short_output") when the prefill engine has no other prompt queued, and
+   its chunk (a step with one chunk of a prompt that arrives meanwhile) keeps a stream's gap
+   within gap_s, or within the gap the handoff itself puts between the first and second token
+   of one request in ten (the decode engine's observed handoff times, cost_model.py; 300-500
+   ms on the 2-core VM, past its every-gap bound, RESULTS.md section 8). The prompt is
+   computed where remote would compute it, and the few tokens after it, at that engine's
+   decode pace, cost it less than the decode hop and the KV transfer. With prompts queued,
+   every step of that engine carries a chunk, and a whole answer's mean gap is the chunk's
+   (measured: it cost more of the mean-ITL goodput than it gained on the every-gap one).
 
 Pure: `decide` reads only its frozen inputs.
 """
@@ -167,6 +169,8 @@ def decide(policy: PDDecider, req: RequestView, prefill: PrefillView, decode: De
 def _whole_fits(policy: PDDecider, req: RequestView, prefill: PrefillView, decode: DecodeView,
                 objectives: Objectives) -> bool:
     if req.max_tokens is None or not 0 < req.max_tokens <= policy.whole_on_prefill_max_tokens:
+        return False
+    if prefill.queued_tokens > 0:
         return False
     # Its tokens share the prefill engine's steps with other prompts' chunks.
     gap = prefill.model.step_s(1) + prefill.model.per_token_s() * prefill.chunk_budget_tokens

@@ -50,6 +50,12 @@ def test_long_or_unbounded_answers_and_the_other_modes_keep_their_paths():
         assert decide(policy, short(), prefill_view(), DECODE, SLO).path == path
 
 
+def test_a_prefill_engine_with_prompts_queued_takes_no_whole_request():
+    # Its steps carry their chunks: the answer's every gap would be a chunk's.
+    d = decide(WHOLE, short(), prefill_view(queued=10), DECODE, SLO)
+    assert (d.path, d.reason) == ("remote", "prefill_ok")
+
+
 def test_a_prefill_engine_whose_chunk_would_break_a_gap_takes_no_whole_request():
     # 2048 tokens a step at 2 ms each: a 4 s gap for the streams it runs.
     assert decide(WHOLE, short(), prefill_view(budget=2048), DECODE, SLO).path == "remote"

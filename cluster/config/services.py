@@ -155,8 +155,9 @@ class RoutingConfig(_Strict):
     decode_only_below_tokens: int = Field(0, ge=0)
     # With adaptive: a request whose max_tokens is at most this, that would prefill remotely,
     # runs whole on the prefill engine instead (no decode hop, no KV transfer, no gap at the
-    # handoff) while that engine's prefill chunk keeps a stream's gaps within slo.max_gap_s. 0: off.
-    whole_on_prefill_max_tokens: int = Field(16, ge=0)
+    # handoff) while that engine has nothing queued and its prefill chunk keeps a stream's gaps
+    # short. 0: off, the default: on the 2-core VM it did not pay (loadtest/bench/RESULTS.md §8).
+    whole_on_prefill_max_tokens: int = Field(0, ge=0)
     # Engines publish KV-cache events (vLLM kv_events_config, ZMQ) and the gateway follows
     # them; off: routing on load only.
     kv_events: bool = True

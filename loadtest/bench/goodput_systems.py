@@ -4,6 +4,8 @@ yields the URLs the load goes to and stops everything on exit.
 
   tandem-adaptive   1 prefill + 1 decode engine through tandem's gateway; the decider picks
                     remote or local prefill per request (routing.disaggregation: adaptive)
+  tandem-whole      tandem-adaptive, and a short answer (max_tokens <= 16) may run whole on the
+                    prefill engine (routing.whole_on_prefill_max_tokens: 16)
   tandem-always     the same, every request prefilled remotely (disaggregation: always)
   colocated-mbt<N>  two plain vLLM api_servers, one core each, round-robin, chunked prefill
                     with max_num_batched_tokens N (one system per N of the sweep)
@@ -27,7 +29,8 @@ TANDEM_METRICS_PORT = 8080  # the local Ray's metrics export (the decider's verd
 TANDEM_METRICS_URL = f"http://127.0.0.1:{TANDEM_METRICS_PORT}/metrics"
 DIRECT_PORTS = (8101, 8102)
 RAYLLM_PORT = 8200
-NAMES = ("tandem-adaptive", "tandem-always", "colocated", "single", "rayllm-pd")
+NAMES = ("tandem-adaptive", "tandem-whole", "tandem-always", "colocated", "single", "rayllm-pd")
+WHOLE_MAX_TOKENS = 16  # tandem-whole's routing.whole_on_prefill_max_tokens: the prefill-heavy answers (8) fit
 
 
 @dataclass(frozen=True)
@@ -35,6 +38,7 @@ class System:
     name: str
     kind: Literal["tandem", "direct", "rayllm"]
     disaggregation: str = "adaptive"  # tandem only
+    whole_on_prefill_max_tokens: int = 0  # tandem only
     engines: int = 2  # direct only: 2 colocated, 1 on both cores
     max_num_batched_tokens: Optional[int] = None  # None: the run's --max-num-batched-tokens
 
@@ -44,7 +48,11 @@ def systems_of(names: list[str], colocated_sweep: list[int]) -> list[System]:
     out: list[System] = []
     for name in names:
         if name.startswith("tandem-"):
-            out.append(System(name, "tandem", disaggregation=name.removeprefix("tandem-")))
+            mode = name.removeprefix("tandem-")
+            if mode == "whole":
+                out.append(System(name, "tandem", whole_on_prefill_max_tokens=WHOLE_MAX_TOKENS))
+            else:
+                out.append(System(name, "tandem", disaggregation=mode))
         elif name == "colocated":
             out += [System(f"colocated-mbt{n}", "direct", engines=2, max_num_batched_tokens=n)
                     for n in colocated_sweep]
@@ -57,7 +65,7 @@ def systems_of(names: list[str], colocated_sweep: list[int]) -> list[System]:
     return out
 
 
-def tandem_config(args, gpu: bool, disaggregation: str, objective: Objective) -> ClusterConfig:
+def tandem_config(args, gpu: bool, system: System, objective: Objective) -> ClusterConfig:
     # Chunked prefill on, as in every baseline (vLLM's default): the budget may be under max_model_len.
     engine = {"kv_cache_bytes": args.kv_cache_mib << 20, "max_num_seqs": args.max_num_seqs,
               "max_num_batched_tokens": args.max_num_batched_tokens, "enable_chunked_prefill": True}
@@ -78,7 +86,8 @@ def tandem_config(args, gpu: bool, disaggregation: str, objective: Objective) ->
             # turn load away here; a request that waits too long misses its objective instead.
             "admission": {"max_running": 1024, "max_queued": 4096, "queue_timeout_s": 600},
         }},
-        "routing": {"disaggregation": disaggregation},
+        "routing": {"disaggregation": system.disaggregation,
+                    "whole_on_prefill_max_tokens": system.whole_on_prefill_max_tokens},
         "ray": {"num_cpus": None if gpu else 2, "metrics_export_port": TANDEM_METRICS_PORT},
     })
 
@@ -102,7 +111,7 @@ def serving(system: System, args, gpu: bool, objective: Objective,
     if system.kind == "tandem":
         from cluster.local import LocalCluster
 
-        cluster = LocalCluster(tandem_config(args, gpu, system.disaggregation, objective), progress=log)
+        cluster = LocalCluster(tandem_config(args, gpu, system, objective), progress=log)
         cluster.start()
         try:
             yield [cluster.url]

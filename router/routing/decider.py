@@ -71,7 +71,7 @@ class PDDecider:
 
     decode_only_below_tokens: int = 0
     mode: Mode = "always"
-    whole_on_prefill_max_tokens: int = 0  # rule 7; 0 = off (the cluster config turns it on)
+    whole_on_prefill_max_tokens: int = 0  # rule 7; 0 = off
 
     def skip_prefill(self, prompt_tokens: int, cached_on_decode_tokens: int) -> bool:
         """The fixed threshold alone (rule 2)."""

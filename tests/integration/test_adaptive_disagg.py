@@ -110,6 +110,14 @@ def test_a_short_answer_runs_whole_on_a_real_prefill_engine(base_url, monkeypatc
 
     routes = RecordingMetric()
     monkeypatch.setattr(disagg, "ROUTES", routes)
+    verdicts = []
+    real_decide = service.decide
+
+    def recording(*args, **kwargs):
+        verdicts.append(real_decide(*args, **kwargs))
+        return verdicts[-1]
+
+    monkeypatch.setattr(service, "decide", recording)
     dirs = {(TIER, pool): pool_directory(PoolId(TIER, pool)) for pool in ("prefill", "decode")}
     handles = TierPools(prefill=serve.get_deployment_handle(f"{TIER}-prefill", app_name="tandem"),
                         decode=serve.get_deployment_handle(f"{TIER}-decode", app_name="tandem"))
@@ -125,6 +133,10 @@ def test_a_short_answer_runs_whole_on_a_real_prefill_engine(base_url, monkeypatc
         while not (router.workers(TIER, "prefill") and router.workers(TIER, "decode")):
             assert time.monotonic() < deadline, "the Serve routers did not publish both pools"
             await asyncio.sleep(0.25)
+        # Rule 7 wants a prefill engine with nothing queued: the test before left a burst.
+        while any(info.stats.queued_prompt_tokens for info in dirs[(TIER, "prefill")].replicas()):
+            assert time.monotonic() < deadline, "the prefill engines still report queued prompts"
+            await asyncio.sleep(0.25)
         finish, tokens = None, 0
         async for chunk in backend.generate(engine_request(random.Random(time.time_ns()))):
             finish = finish_reason(chunk) or finish
@@ -135,5 +147,6 @@ def test_a_short_answer_runs_whole_on_a_real_prefill_engine(base_url, monkeypatc
         assert asyncio.run(run()) == ("length", 4)
     finally:
         router.close()
+    assert [(v.path, v.reason) for v in verdicts] == [("whole", "short_output")], verdicts
     assert routes.values("inc", path="prefill_only") == [1.0]
     assert routes.values("inc", path="fallback_recompute") == []

@@ -25,6 +25,7 @@ Lifecycle and call order:
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import logging
 import random
@@ -53,6 +54,9 @@ _SLO = SLOConfig()
 DEFAULT_OBJECTIVES = Objectives(ttft_s=_SLO.ttft_s, itl_s=_SLO.itl_s, gap_s=_SLO.gap_s)
 DEFAULT_CHUNK_BUDGET = 2048  # vLLM's max_num_batched_tokens when unset (chunked prefill on, its default)
 OUTLIER_FACTOR = 3.0
+# A replica's routing stats reach this gateway up to ~1 s (their period) plus Serve's
+# broadcast late: a reported queue may still count prompts done since.
+STALE_STATS_S = 3.0
 MAX_PENDING = 10_000  # remote decisions whose prefill hop has not started (cancelled ones age out)
 
 
@@ -104,6 +108,7 @@ class KVRouter:
         self._step_reports: dict[str, tuple] = {}
         self._queued_tokens: dict[str, int] = {}  # replica_id → this gateway's uncached prompt tokens on it
         self._pending: dict[str, int] = {}  # request_id → uncached prompt tokens, until its hop starts
+        self._done: dict[str, collections.deque] = {}  # replica_id → (when, tokens) of its prompts done lately
         self._prompts: dict[str, _QueuedPrompt] = {}  # request_id → its prompt queued on a replica, until done
 
     # -- workers and their event streams ---------------------------------------------------
@@ -238,8 +243,8 @@ class KVRouter:
             prefill_view = PrefillView(queued_tokens=0)
         else:
             p_stats = self._stats_of(prefill.worker)
-            queued = max(p_stats.queued_prompt_tokens or 0,
-                         self._queued_tokens.get(prefill.worker.replica_id, 0))
+            reported = max((p_stats.queued_prompt_tokens or 0) - self._recently_done(prefill.worker.replica_id), 0)
+            queued = max(reported, self._queued_tokens.get(prefill.worker.replica_id, 0))
             prefill_view = PrefillView(queued_tokens=queued,
                                        model=self._models.get(prefill.worker.worker_id, EngineCostModel()),
                                        chunk_budget_tokens=self._prefill_budgets.get(tier, DEFAULT_CHUNK_BUDGET))
@@ -316,6 +321,17 @@ class KVRouter:
         worker_id = chosen.worker.worker_id
         self._models[worker_id] = self._models.get(worker_id, EngineCostModel()).observe_handoff(seconds)
 
+    def _recently_done(self, replica_id: str) -> int:
+        """This gateway's prompt tokens done on the replica within STALE_STATS_S: its last
+        reported queue may still count them."""
+        done = self._done.get(replica_id)
+        if not done:
+            return 0
+        horizon = self._clock() - STALE_STATS_S
+        while done and done[0][0] < horizon:
+            done.popleft()
+        return sum(tokens for _, tokens in done)
+
     def first_token(self, request_id: str) -> None:
         """A streaming hop yielded its first token: its prompt is no longer queued there."""
         self._prompt_done(request_id, observe=True)
@@ -325,6 +341,7 @@ class KVRouter:
         if prompt is None:
             return
         _release(self._queued_tokens, prompt.worker.replica_id, prompt.tokens)
+        self._done.setdefault(prompt.worker.replica_id, collections.deque()).append((self._clock(), prompt.tokens))
         if not (observe and prompt.timed):
             return
         seconds = self._timer() - prompt.started

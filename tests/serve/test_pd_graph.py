@@ -173,64 +173,36 @@ def test_the_gateway_answers_its_own_routes(graph, route):
 
 
 def test_a_short_answer_runs_whole_on_the_prefill_replica(graph, monkeypatch):
-    """The decider's "whole" path through the real prefill replica (PrefillWorker.generate):
-    the gateway's request path built in this process, as tests/integration/test_adaptive_disagg.py
-    does, with an adaptive router whose whole-on-prefill bound is on (the graph's own gateway
-    disaggregates always)."""
+    """The decider's "whole" path through the real prefill replica (PrefillWorker.generate),
+    the request path built in this process (tests/pd_path.py) with an adaptive router whose
+    whole-on-prefill bound is on (the graph's own gateway disaggregates always)."""
     import asyncio
     import uuid
 
-    from ray import serve
     from vllm import SamplingParams
 
     from cluster.protocol import EngineRequest, new_token_ids
-    from cluster.types import APP_NAME, PoolId, TierPools
-    from router.disagg import DisaggregatedBackend
     from router.routing.decider import Objectives, PDDecider
-    from router.routing.directory import pool_directory
-    from router.routing import service
-    from router.routing.service import KVRouter
+    from tests.pd_path import TIER, in_process_path, prefill_idle, ready, record_verdicts
 
-    verdicts = []
-    real_decide = service.decide
-
-    def recording(*args, **kwargs):
-        verdicts.append(real_decide(*args, **kwargs))
-        return verdicts[-1]
-
-    monkeypatch.setattr(service, "decide", recording)
-    tier = "interactive"
-    dirs = {(tier, p): pool_directory(PoolId(tier, p)) for p in ("prefill", "decode")}
-    handles = TierPools(prefill=serve.get_deployment_handle(PoolId(tier, "prefill").deployment_name, app_name=APP_NAME),
-                        decode=serve.get_deployment_handle(PoolId(tier, "decode").deployment_name, app_name=APP_NAME))
-    router = KVRouter(directories=dirs, index=None, weights={"load": 1.0}, subscribe=False,
-                      decider=PDDecider(mode="adaptive", whole_on_prefill_max_tokens=16),
-                      objectives={tier: Objectives(ttft_s=30.0, itl_s=1.0, gap_s=2.0)},
-                      prefill_chunk_budgets={tier: 64})
-    backend = DisaggregatedBackend(pools={tier: handles}, prefill_timeout_s=30, router=router)
+    verdicts = record_verdicts(monkeypatch)
+    path = in_process_path(decider=PDDecider(mode="adaptive", whole_on_prefill_max_tokens=16), prefill_timeout_s=30,
+                           objectives=Objectives(ttft_s=30.0, itl_s=1.0, gap_s=2.0),
+                           prefill_chunk_budgets={TIER: 64})
     # 120 tokens: past what the decider keeps on decode as cheaper than the hops (rule 3).
     prompt = tuple(random.Random(7).randrange(5, graph.vocab_size) for _ in range(120))
-    request = EngineRequest(f"whole-{uuid.uuid4()}", prompt, SamplingParams(max_tokens=6, temperature=0), tier=tier)
+    request = EngineRequest(f"whole-{uuid.uuid4()}", prompt, SamplingParams(max_tokens=6, temperature=0), tier=TIER)
 
     async def run() -> list[int]:
-        await handles.prefill.stats.remote()  # this process's Serve routers publish the replicas once used
-        await handles.decode.stats.remote()
-        deadline = time.monotonic() + 30
-        while not (router.workers(tier, "prefill") and router.workers(tier, "decode")):
-            assert time.monotonic() < deadline, "the Serve routers did not publish both pools"
-            await asyncio.sleep(0.25)
-        # The whole path wants a prefill engine with nothing queued: a test before may have left
-        # a prompt in its last reported stats.
-        while any(info.stats.queued_prompt_tokens for info in dirs[(tier, "prefill")].replicas()):
-            assert time.monotonic() < deadline, "the prefill replica still reports queued prompts"
-            await asyncio.sleep(0.25)
-        return [t async for out in backend.generate(request) for t in new_token_ids(out)]
+        await ready(path, timeout_s=30)
+        await prefill_idle(path, timeout_s=30)  # the prefill-timeout test leaves a pending prompt in its stats
+        return [t async for out in path.backend.generate(request) for t in new_token_ids(out)]
 
     decode_before = _ids("seen", "decode", DECODE_REPLICAS)
     try:
         tokens = asyncio.run(run())
     finally:
-        router.close()
+        path.router.close()
     assert [(v.path, v.reason) for v in verdicts] == [("whole", "short_output")], verdicts
     assert tokens == list(fake_tokens(prompt, 6, graph.vocab_size))
     assert request.request_id in _ids("seen", "prefill", 1).popitem()[1]

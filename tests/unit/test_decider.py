@@ -15,7 +15,7 @@ from router.routing.decider import (DecodeView, Objectives, PDDecider, PrefillVi
                                     predict_local)
 from router.routing.directory import PoolDirectory, ReplicaInfo
 from cluster.types import RoutingStats
-from router.routing.service import KVRouter
+from router.routing.service import STALE_STATS_S, KVRouter
 
 ADAPTIVE = PDDecider(mode="adaptive")
 SLO = Objectives(ttft_s=1.0, itl_s=0.1, gap_s=0.2)
@@ -324,3 +324,25 @@ def test_a_decode_replica_reports_its_batch_and_mean_step_since_the_last_report(
                    ("vllm:inter_token_latency_seconds_count", None): 50.0})  # the next period: its own 10 gaps
     assert replica.record_routing_stats()["step_s"] == 0.08
     assert "queued_prompt_tokens" not in stats
+
+
+def test_a_reported_queue_is_discounted_by_this_gateways_prompts_done_since():
+    # The replica's last report (up to seconds old) still counts a prompt this gateway saw finish.
+    now = [100.0]
+    r = router({"queued_prompt_tokens": 300}, {"running_seqs": 0})
+    r._clock = lambda: now[0]
+    first = asyncio.run(r.route(req(300, "a"), "interactive"))
+    assert first.skip_prefill  # 300 tokens reported queued: past half the slack, local
+    r._queued_tokens.clear()
+    r._pending.clear()
+    # A remote prompt of this gateway's finishes on the prefill replica...
+    pick = asyncio.run(r.route(req(20, "warm"), "interactive")).decode  # any pick: only its worker matters
+    prefill_pick = type(pick)(worker=r.workers("interactive", "prefill")[0], score=1.0, scores={})
+    r._remember_pending("b", 300)
+    with r.dispatch(prefill_pick, "b"):
+        pass
+    # ...so the stale report's 300 tokens are its own: the next prompt goes remote.
+    second = asyncio.run(r.route(req(300, "c"), "interactive"))
+    assert not second.skip_prefill and second.prefill is not None
+    now[0] += STALE_STATS_S + 0.1  # past the staleness window, the report counts again
+    assert asyncio.run(r.route(req(300, "d"), "interactive")).skip_prefill

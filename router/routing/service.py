@@ -341,7 +341,9 @@ class KVRouter:
         if prompt is None:
             return
         _release(self._queued_tokens, prompt.worker.replica_id, prompt.tokens)
-        self._done.setdefault(prompt.worker.replica_id, collections.deque()).append((self._clock(), prompt.tokens))
+        if prompt.worker.pool == "prefill":  # only a prefill replica's reported queue is discounted
+            self._recently_done(prompt.worker.replica_id)  # pruned here too: bounded by the window
+            self._done.setdefault(prompt.worker.replica_id, collections.deque()).append((self._clock(), prompt.tokens))
         if not (observe and prompt.timed):
             return
         seconds = self._timer() - prompt.started

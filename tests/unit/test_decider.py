@@ -272,6 +272,7 @@ def test_a_local_prefill_is_queued_on_its_decode_replica_until_its_first_token()
         assert r._queued_tokens == {}  # b's hop ended before its first token: released with it
     r.first_token("a")  # a late or second call releases nothing twice
     assert r._queued_tokens == {} and r._prompts == {} and r._pending == {}
+    assert r._done == {}  # a decode replica's prompts are not kept for the prefill discount
 
 
 def test_decode_step_reports_calibrate_once_per_new_report():

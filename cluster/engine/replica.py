@@ -145,8 +145,8 @@ class EngineReplica:
         """Ray Serve's hook (every request_routing_stats_period_s), delivered to the gateway's
         request router: who this engine is, where its KV events are, how it hashes blocks, and
         the P/D decider's live state (router/routing/decider.py): a prefill engine's queued
-        prompt tokens; a decode engine's running sequences and, when it stepped since the last
-        report, its mean token gap (`step_s`, over `step_n` gaps) for the step cost model.
+        prompt tokens; its running sequences and, when it streamed tokens since the last report,
+        its mean token gap (`step_s`, over `step_n` gaps) for the step cost model.
         Values are rounded so the stats (broadcast on change) stay still while idle."""
         info = self.info
         values = self.engine.metrics()  # one reading for all of this report
@@ -159,13 +159,13 @@ class EngineReplica:
                       kv_replay=events.replay_endpoint if events else None)
         if info.kv_role == "kv_producer":
             report["queued_prompt_tokens"] = self.signals.queued_prompt_tokens
-        else:
-            itl = (values.get(ITL_SUM, 0.0), values.get(ITL_COUNT, 0.0))
-            gaps = itl[1] - self._itl_seen[1]
-            if gaps > 0:
-                report["step_s"] = round((itl[0] - self._itl_seen[0]) / gaps, 3)
-                report["step_n"] = int(gaps)
-            self._itl_seen = itl
+        # Both roles: a prefill engine's gaps are those of the whole requests it streams.
+        itl = (values.get(ITL_SUM, 0.0), values.get(ITL_COUNT, 0.0))
+        gaps = itl[1] - self._itl_seen[1]
+        if gaps > 0:
+            report["step_s"] = round((itl[0] - self._itl_seen[0]) / gaps, 3)
+            report["step_n"] = int(gaps)
+        self._itl_seen = itl
         return RoutingStats(**report).to_dict()
 
     async def abort(self, request_id: str) -> None:

@@ -1,6 +1,7 @@
 """Goodput of tandem against aggregated serving, side by side in one run, on the same machine and
 the same cores. Writes JSON and a PNG plot.
 
+    make bench-rayllm   # once: Ray Serve LLM's dependencies, for the rayllm-pd system
     flock /tmp/tandem-cluster.lock .venv/bin/python -m loadtest.bench.goodput [--mix both] [--rates 0.5,1,1.5,2]
 
 Systems (loadtest/bench/goodput_systems.py), each started afresh and given the same two cores
@@ -35,6 +36,7 @@ import psutil
 from cluster.hardware import cpu_flags, engine_dtype
 from loadtest.bench.goodput_judge import Multiples, Objectives, Unloaded, best_of_sweep, verdict
 from loadtest.bench.goodput_plot import plot
+from loadtest.bench import procs
 from loadtest.bench.decisions import delta, fetch, settled
 from loadtest.bench.goodput_systems import NAMES, TANDEM_METRICS_URL, System, one_core_engine, serving, systems_of
 from loadtest.bench.loadgen import replay
@@ -106,8 +108,10 @@ def serve_rates(name: str, urls: list[str], args, mix: Mix, objectives: Objectiv
     for rate in args.rates:
         schedule = poisson_schedule(mix, rate, args.duration, args.seed)
         log(f"[goodput] {name} at {rate} req/s: {len(schedule)} requests over {args.duration:.0f} s")
+        before, machine_before, t0 = procs.snapshot(), psutil.cpu_times(), time.monotonic()
         records, span = asyncio.run(replay(urls, args.model.name, schedule, args.drain_timeout, log,
                                            f"{name} @ {rate}/s"))
+        cpu = cores_by_process(before, procs.snapshot(), machine_before, psutil.cpu_times(), time.monotonic() - t0)
         summary = summarize(records, objectives.mean, args.duration, span, cores)
         no_stall = summarize(records, objectives.every_gap, args.duration, span, cores)
         summary["goodput_rps_max_gap"] = no_stall["goodput_rps"]
@@ -124,12 +128,26 @@ def serve_rates(name: str, urls: list[str], args, mix: Mix, objectives: Objectiv
             now = settled(decisions)
             verdicts, counted = delta(counted, now), now
             log(f"[goodput] {name} at {rate} req/s: the decider's verdicts {verdicts}")
+        log(f"[goodput] {name} at {rate} req/s: cores busy {cpu}")
         out.append({"rate_rps": rate, "offered_rps": round(len(schedule) / args.duration, 3), **summary,
-                    "error_kinds": errors[:5], "pd_decisions": verdicts,
+                    "error_kinds": errors[:5], "pd_decisions": verdicts, "cpu_cores": cpu,
                     "records": [{"kind": r.workload, "ttft_ms": _round(r.ttft_ms, 1),
                                  "mean_itl_ms": _round(r.mean_itl_ms, 2), "max_gap_ms": round(r.max_gap_ms, 1),
                                  "tokens": r.output_tokens, "error": r.error or None} for r in records]})
     return out
+
+
+def cores_by_process(before, after, machine_before, machine_after, seconds: float) -> dict[str, float]:
+    """Where the cores' time went while a rate ran: the mean cores busy per process kind and
+    pool (loadtest/bench/procs.py), this benchmark's own load generator as "client", the whole
+    machine as "machine" (what exited meanwhile included) and "steal" (the hypervisor's)."""
+    me = os.getpid()
+    spent = procs.by_process(procs.cpu_delta(before, after, [pid for pid in after if pid != me]))
+    mine = after.get(me)
+    spent["client"] = mine.cpu_s - before[me].cpu_s if mine and me in before else 0.0
+    spent["machine"], spent["steal"] = procs.machine_busy_s(machine_before, machine_after)
+    span = max(seconds, 1e-9)
+    return {k: round(v / span, 3) for k, v in sorted(spent.items(), key=lambda kv: -kv[1]) if v / span >= 0.005}
 
 
 def _round(v, digits: int):

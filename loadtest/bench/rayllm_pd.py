@@ -54,7 +54,12 @@ class RayLLMPD:
     def __enter__(self) -> str:
         import ray
         from ray import serve
-        from ray.serve.llm import build_pd_openai_app
+
+        try:
+            from ray.serve.llm import build_pd_openai_app
+        except ImportError as exc:
+            raise RuntimeError(f"Ray Serve LLM needs the ray[llm] extra's dependencies ({exc}): "
+                               "run `make bench-rayllm` first") from exc
 
         # Logical CPUs: each engine's placement group and server actor and the ingress take
         # one each (with 4 the ingress never got scheduled); the engines are bound to cores

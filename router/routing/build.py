@@ -30,7 +30,8 @@ def build_kv_router(cfg: ClusterConfig) -> KVRouter:
                if t.decode.engine.max_num_batched_tokens}
     prefill_budgets = {tier: t.prefill.engine.max_num_batched_tokens for tier, t in cfg.tiers.items()
                        if t.prefill.engine.max_num_batched_tokens}
-    decider = PDDecider(routing.decode_only_below_tokens, routing.disaggregation, routing.whole_on_prefill_max_tokens)
+    decider = PDDecider(routing.decode_only_below_tokens, routing.disaggregation, routing.whole_on_prefill_max_tokens,
+                        routing.whole_on_prefill_when_decode_full)
     return KVRouter(directories=directories, index=index, weights=routing.weights, decider=decider,
                     picker=routing.picker, objectives=objectives, chunk_budgets=budgets,
                     prefill_chunk_budgets=prefill_budgets)

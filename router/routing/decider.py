@@ -34,8 +34,9 @@ Rules, in order (the reason is the metric label):
    margin for the predictions' error.
 5. local when the gap holds and local is faster ("prefill_queue" when an idle prefill engine
    would have met ttft_s, else "local_faster"): the two engines share the prompts.
-6. remote otherwise: "prefill_ok" when it meets ttft_s, "decode_gap_budget" when the gap is
-   why not local, "overloaded" when local is slower too.
+6. remote otherwise: "prefill_ok" when it meets ttft_s; else why not local: "decode_itl_budget"
+   (the decode engine's own step at its batch plus one is past itl_s), "decode_gap_budget"
+   (the running streams' gap with the chunk is past gap_s), "overloaded" (local is slower too).
 7. a remote verdict of rules 4-6 for a short answer (max_tokens <= whole_on_prefill_max_tokens)
    becomes "whole" ("short_output") when the prefill engine has no other prompt queued, and
    its chunk (a step with one chunk of a prompt that arrives meanwhile) keeps a stream's gap
@@ -46,6 +47,16 @@ Rules, in order (the reason is the metric label):
    decode pace, cost it less than the decode hop and the KV transfer. With prompts queued,
    every step of that engine carries a chunk, and a whole answer's mean gap is the chunk's
    (measured: it cost more of the mean-ITL goodput than it gained on the every-gap one).
+8. a remote verdict of rules 4-6 for any answer becomes "whole" ("decode_full") when the
+   decode engine is at its bound (one more stream there puts its step past itl_s) while the
+   prefill engine has room for a stream: the prompt meets ttft_s in its queue, its own step
+   with one more stream stays within itl_s, and a step carrying one prompt chunk within
+   gap_s. Without it, on one core per engine, every stream decodes on one core while the
+   other only prefills; at the load where the decode core saturates, the prefill core still
+   has time (RESULTS.md section 8: tandem's decode mean ITL p50 118-123 ms at its 124 ms
+   bound while colocated engines, each doing both, ran at 68-72 ms). The prefill engine's
+   step model is fitted from the gaps of the streams it runs, so once its chunks slow them
+   past itl_s the rule stops sending more (routing.whole_on_prefill_when_decode_full).
 
 Pure: `decide` reads only its frozen inputs.
 """
@@ -72,6 +83,7 @@ class PDDecider:
     decode_only_below_tokens: int = 0
     mode: Mode = "always"
     whole_on_prefill_max_tokens: int = 0  # rule 7; 0 = off
+    whole_when_decode_full: bool = False  # rule 8
 
     def skip_prefill(self, prompt_tokens: int, cached_on_decode_tokens: int) -> bool:
         """The fixed threshold alone (rule 2)."""
@@ -92,6 +104,7 @@ class PrefillView:
     queued_tokens: int  # uncached prompt tokens queued or running on the chosen prefill engine
     model: EngineCostModel = EngineCostModel()
     chunk_budget_tokens: int = 2048  # the engine's max_num_batched_tokens per step (vLLM's default)
+    running_seqs: int = 0  # streams running whole on it (rules 7 and 8)
 
 
 @dataclass(frozen=True)
@@ -163,7 +176,23 @@ def decide(policy: PDDecider, req: RequestView, prefill: PrefillView, decode: De
     verdict = _adaptive(req, prefill, decode, objectives, per_token, ttft_remote, ttft_local, gap_local)
     if verdict[0] == "remote" and _whole_fits(policy, req, prefill, decode, objectives):
         return out("whole", "short_output")
+    if verdict[0] == "remote" and policy.whole_when_decode_full and _prefill_takes_stream(
+            req, prefill, decode, objectives, ttft_remote):
+        return out("whole", "decode_full")
     return out(*verdict)
+
+
+def _prefill_takes_stream(req: RequestView, prefill: PrefillView, decode: DecodeView, objectives: Objectives,
+                          ttft_remote: float) -> bool:
+    """Rule 8's condition: the decode engine is at its bound and the prefill engine has room."""
+    if decode.running_seqs == 0 or decode.model.step_s(decode.running_seqs + 1) <= objectives.itl_s:
+        return False
+    if ttft_remote > objectives.ttft_s:  # the prefill engine is the bottleneck too
+        return False
+    step = prefill.model.step_s(prefill.running_seqs + 1)
+    uncached = max(req.prompt_tokens - req.cached_on_prefill, 0)
+    chunk = min(prefill.queued_tokens + uncached, prefill.chunk_budget_tokens)
+    return step <= objectives.itl_s and step + prefill.model.per_token_s() * chunk <= objectives.gap_s
 
 
 def _whole_fits(policy: PDDecider, req: RequestView, prefill: PrefillView, decode: DecodeView,
@@ -180,8 +209,8 @@ def _whole_fits(policy: PDDecider, req: RequestView, prefill: PrefillView, decod
 def _adaptive(req: RequestView, prefill: PrefillView, decode: DecodeView, objectives: Objectives, per_token: float,
               ttft_remote: float, ttft_local: float, gap_local: float) -> tuple[Path, str]:
     """Rules 3-6."""
-    gap_ok = decode.running_seqs == 0 or (
-        gap_local <= objectives.gap_s and decode.model.step_s(decode.running_seqs + 1) <= objectives.itl_s)
+    step_ok = decode.running_seqs == 0 or decode.model.step_s(decode.running_seqs + 1) <= objectives.itl_s
+    gap_ok = step_ok and (decode.running_seqs == 0 or gap_local <= objectives.gap_s)
     overhead_s = prefill.model.prefill.coefficients()[0]
     uncached_local = max(req.prompt_tokens - req.cached_on_decode, 0)
     ttft_idle = predict_remote(req, prefill, queued=False)
@@ -194,4 +223,6 @@ def _adaptive(req: RequestView, prefill: PrefillView, decode: DecodeView, object
         return ("local", "prefill_queue" if ttft_idle <= objectives.ttft_s else "local_faster")
     if ttft_remote <= objectives.ttft_s:
         return ("remote", "prefill_ok")
+    if not step_ok:
+        return ("remote", "decode_itl_budget")
     return ("remote", "decode_gap_budget" if not gap_ok else "overloaded")

@@ -13,8 +13,8 @@ DECISIONS = Counter(
 PD_DECISIONS = Counter(
     "tandem_pd_decisions",
     "The P/D decider's verdicts (router/routing/decider.py) by path (remote | local | whole) and reason "
-    "(short_uncached, prefill_ok, prefill_queue, local_faster, decode_gap_budget, overloaded, short_output, always, "
-    "never).",
+    "(short_uncached, prefill_ok, prefill_queue, local_faster, decode_itl_budget, decode_gap_budget, overloaded, "
+    "short_output, decode_full, always, never).",
     ["tier", "path", "reason"],
 )
 PREDICTED_HIT_TOKENS = Counter(

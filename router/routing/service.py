@@ -245,9 +245,9 @@ class KVRouter:
             p_stats = self._stats_of(prefill.worker)
             reported = max((p_stats.queued_prompt_tokens or 0) - self._recently_done(prefill.worker.replica_id), 0)
             queued = max(reported, self._queued_tokens.get(prefill.worker.replica_id, 0))
-            prefill_view = PrefillView(queued_tokens=queued,
-                                       model=self._models.get(prefill.worker.worker_id, EngineCostModel()),
-                                       chunk_budget_tokens=self._prefill_budgets.get(tier, DEFAULT_CHUNK_BUDGET))
+            prefill_view = PrefillView(queued_tokens=queued, model=self._observe_step(prefill.worker.worker_id, p_stats),
+                                       chunk_budget_tokens=self._prefill_budgets.get(tier, DEFAULT_CHUNK_BUDGET),
+                                       running_seqs=p_stats.running_seqs)
         req = RequestView(prompt_tokens=ctx.prompt_tokens, cached_on_decode=_hit_tokens(decode, ctx),
                           cached_on_prefill=_hit_tokens(prefill, ctx), max_tokens=max_tokens)
         return decide(self._decider, req, prefill_view, decode_view,

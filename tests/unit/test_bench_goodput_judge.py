@@ -80,3 +80,29 @@ def test_ray_serve_llm_engines_get_the_same_engine_settings_and_their_own_core()
     assert engine["kv_transfer_config"]["kv_buffer_device"] == "cpu"
     assert cfg["runtime_env"]["env_vars"]["VLLM_CPU_OMP_THREADS_BIND"] == "1"
     assert cfg["placement_group_config"] == {"bundles": [{"CPU": 1}]}
+
+
+def test_tandem_decode_streams_is_adaptive_without_rule_8():
+    on, off = systems_of(["tandem-adaptive", "tandem-decode-streams"], [256])
+    assert (on.disaggregation, on.whole_when_decode_full) == ("adaptive", True)
+    assert (off.disaggregation, off.whole_when_decode_full) == ("adaptive", False)
+
+
+def test_where_the_cores_went_is_the_mean_cores_busy_per_process_kind_and_pool():
+    import os
+
+    from loadtest.bench.goodput import cores_by_process
+    from loadtest.bench.procs import ProcRecord
+
+    me, times = os.getpid(), SimpleNamespace
+    before = {1: ProcRecord(1, 0, "ray::ServeReplica:tandem:Gateway", 5.0, 10.0),
+              2: ProcRecord(2, 0, "ray::ServeReplica:tandem:interactive-decode", 5.0, 1.0),
+              me: ProcRecord(me, 0, "python -m loadtest.bench.goodput", 5.0, 2.0)}
+    after = {1: ProcRecord(1, 0, "ray::ServeReplica:tandem:Gateway", 5.0, 12.0),
+             2: ProcRecord(2, 0, "ray::ServeReplica:tandem:interactive-decode", 5.0, 1.01),
+             3: ProcRecord(3, 2, "VLLM::Worker", 6.0, 8.0),  # born meanwhile: counted from zero
+             me: ProcRecord(me, 0, "python -m loadtest.bench.goodput", 5.0, 3.0)}
+    cores = cores_by_process(before, after, times(user=0, nice=0, system=0, steal=0),
+                             times(user=15.0, nice=0, system=1.0, steal=0.5), seconds=10.0)
+    assert cores == {"machine": 1.6, "vLLM worker [interactive-decode]": 0.8, "gateway": 0.2, "client": 0.1,
+                     "steal": 0.05}  # the replica's 0.001 cores are below the reporting floor

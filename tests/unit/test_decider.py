@@ -136,7 +136,7 @@ def test_a_decode_engine_already_at_its_mean_itl_takes_no_local_prefill():
     # Its step at this batch (35 ms + 1 ms per sequence) alone reaches the 100 ms mean ITL.
     d = decide(ADAPTIVE, RequestView(prompt_tokens=300), idle_prefill(queued=3000),
                decode_with(running=70, budget=24), SLO)
-    assert (d.path, d.reason) == ("remote", "decode_gap_budget")
+    assert (d.path, d.reason) == ("remote", "decode_itl_budget")
 
 
 def test_past_half_its_slack_the_prefill_queue_shares_prompts_with_an_idle_decode_engine():

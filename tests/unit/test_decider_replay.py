@@ -85,5 +85,6 @@ def test_the_burst_sends_some_prompts_local_and_idle_long_prompts_go_remote(trac
 
 def test_every_reason_is_one_of_the_documented_labels(trace):
     decisions, _, _ = replay(trace)
-    documented = {"short_uncached", "prefill_ok", "prefill_queue", "local_faster", "decode_gap_budget", "overloaded"}
+    documented = {"short_uncached", "prefill_ok", "prefill_queue", "local_faster", "decode_itl_budget", "decode_gap_budget",
+                  "overloaded"}
     assert {d.reason for _, d in decisions} <= documented

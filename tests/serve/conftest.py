@@ -12,6 +12,11 @@ tests/integration starts its own cluster (one driver connects to one Ray cluster
 integration cluster lives until the session ends; so the fixture is package-scoped (torn
 down after this folder's last test) and `pytest_collection_modifyitems` puts the folder's
 tests ahead of the others (a stable sort: the others keep their order).
+
+Start-up, on 2 cores (most of this folder's time): `serve_session` imports the app's modules
+(vLLM's OpenAI server, ~9 s of CPU) in a thread while Ray and Serve start (mostly waiting on
+their own processes), then deploys the graph from that thread; tests that need only Serve
+(test_deploy_bound.py, first by name) run meanwhile, and `graph` waits for the deploy.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ import json
 import os
 import socket
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -33,10 +39,12 @@ PREFILL_TIMEOUT_S = 2.0  # short: the prefill-timeout test waits it out
 HERE = Path(__file__).resolve().parent
 AUTOSCALING_LOG = TEST_STATE / "serve-autoscaling-decisions.jsonl"
 # The prefill pool autoscales 1..2, quickly, on queued prompt tokens (test_zz_autoscaling.py);
-# one 17-token prompt waiting out the prefill timeout (3.5 s) is far below the target.
+# one 17-token prompt waiting out the prefill timeout (3.5 s) is far below the target, and no
+# other test here queues 128 tokens for the 1 s upscale delay. A 1 s window and 1 s downscale
+# delay: the scale-down follows idleness within ~2 s (the test's load leaves no doubt either way).
 PREFILL_AUTOSCALING = {"min_replicas": 1, "max_replicas": 2, "target_queued_prompt_tokens": 128,
-                       "upscale_delay_s": 1, "downscale_delay_s": 3, "cooldown_s": 2,
-                       "look_back_s": 2, "metrics_interval_s": 0.5, "decision_log": str(AUTOSCALING_LOG)}
+                       "upscale_delay_s": 1, "downscale_delay_s": 1, "cooldown_s": 2,
+                       "look_back_s": 1, "metrics_interval_s": 0.5, "decision_log": str(AUTOSCALING_LOG)}
 
 
 def pytest_collection_modifyitems(config, items):
@@ -73,7 +81,9 @@ class ServeGraph:
 
 
 @pytest.fixture(scope="package")
-def graph(tiny_model_dir):
+def serve_session(tiny_model_dir):
+    """Ray and Serve started, the graph deploying: yields the deploy's Future (its ServeGraph
+    once the gateway answers /health, or its error)."""
     from cluster.local import LOCAL_RAY_ENV, _reload_ray_settings, ensure_ray_token, ray_auth_env, run_app, wait_until_ready
 
     env = {**LOCAL_RAY_ENV, "VLLM_CACHE_ROOT": str(TEST_STATE / "cache" / "vllm")}
@@ -91,26 +101,57 @@ def graph(tiny_model_dir):
         ray.shutdown()
     _reload_ray_settings()
     cfg = serve_config(tiny_model_dir, _free_port(), _free_port())
+    url = f"http://127.0.0.1:{cfg.gateway.port}"
+    vocab = json.loads((Path(tiny_model_dir) / "config.json").read_text())["vocab_size"]
     AUTOSCALING_LOG.parent.mkdir(parents=True, exist_ok=True)
     AUTOSCALING_LOG.unlink(missing_ok=True)
     started = time.monotonic()
-    ray.init(num_cpus=2, include_dashboard=False, _node_ip_address="127.0.0.1",
-             _metrics_export_port=cfg.ray.metrics_export_port, runtime_env={"env_vars": env},
-             logging_level="warning")
-    try:
-        serve.start(proxy_location="HeadOnly", http_options={"host": "127.0.0.1", "port": cfg.gateway.port},
-                    logging_config={"log_level": "WARNING"})
-        run_app(build_app(cfg, engine_cls=FakeEngine), APP_NAME, started + 240, t0=started)
-        url = f"http://127.0.0.1:{cfg.gateway.port}"
+
+    def deploy(building: Future) -> ServeGraph:
+        run_app(building.result(), APP_NAME, started + 240, t0=started)
         wait_until_ready(url, started + 240, poll_s=0.25)
         print(f"\n[tests/serve] Serve graph with FakeEngine ready in {time.monotonic() - started:.1f} s")
-        vocab = json.loads((Path(tiny_model_dir) / "config.json").read_text())["vocab_size"]
-        yield ServeGraph(url=url, cfg=cfg, vocab_size=vocab)
+        return ServeGraph(url=url, cfg=cfg, vocab_size=vocab)
+
+    # One thread, in order: build_app (it imports the deployments' modules) while Ray and Serve
+    # start here, then the deploy, while this folder's first tests run.
+    pool = ThreadPoolExecutor(1, thread_name_prefix="tests-serve")
+    building = pool.submit(build_app, cfg, engine_cls=FakeEngine)
+    try:
+        # No runtime_env: `env` reaches every Ray process from os.environ (set above, before Ray
+        # starts); with one, each worker starts through Ray's setup_worker.py first (~0.7 s of CPU).
+        ray.init(num_cpus=2, include_dashboard=False, _node_ip_address="127.0.0.1",
+                 _metrics_export_port=cfg.ray.metrics_export_port, logging_level="warning")
+        serve.start(proxy_location="HeadOnly", http_options={"host": "127.0.0.1", "port": cfg.gateway.port},
+                    logging_config={"log_level": "WARNING"})
+        yield pool.submit(deploy, building)
     finally:
-        try:
-            serve.shutdown()
-        finally:
-            ray.shutdown()
+        # The deploy ends by its own deadline; let it, so nothing polls a Ray that is gone.
+        pool.shutdown()
+        _end_ray()
+
+
+def _end_ray() -> None:
+    """Ray down with every replica in it. Not serve.shutdown() first: it stops each replica
+    gracefully (Serve's 2 s drain loop and more: ~5 s here) for a cluster about to go. What it
+    also does in this process is done here: the cached deployment handles stop, and Serve's
+    client is dropped (the next cluster's first driver job has the same id, so Serve would take
+    the stale client for current and talk to a dead controller: tests/integration starts next)."""
+    import ray
+    from ray.serve import context
+
+    try:
+        if context._global_client is not None:
+            context._global_client.shutdown_cached_handles()
+    finally:
+        ray.shutdown()
+        context._disconnect()
+
+
+@pytest.fixture(scope="package")
+def graph(serve_session) -> ServeGraph:
+    """The graph, ready: every replica started and the gateway answering."""
+    return serve_session.result()
 
 
 def replica_stats(pool: str, replicas: int) -> dict:

@@ -1,6 +1,8 @@
 """Starting an app is bounded: a replica whose start never ends (as a vLLM engine whose NIXL
 listener died does) fails the start with the stuck deployment named, instead of holding
-`tandem run` (or a test session) forever; and the app is taken down, nothing left behind."""
+`tandem run` (or a test session) forever; and the app is taken down, nothing left behind.
+It runs while the session's graph deploys (conftest.py `serve_session`): taking the stuck app
+down leaves that one deploying."""
 
 from __future__ import annotations
 
@@ -18,7 +20,7 @@ class NeverReady:
         time.sleep(3600)
 
 
-def test_a_replica_that_never_starts_fails_the_start_by_its_deadline_and_is_removed(graph):
+def test_a_replica_that_never_starts_fails_the_start_by_its_deadline_and_is_removed(serve_session):
     lines: list[str] = []
     started = time.monotonic()
     with pytest.raises(TimeoutError, match="NeverReady"):

@@ -21,11 +21,13 @@ pytestmark = pytest.mark.serve
 POOL = "interactive-prefill"
 
 
-def fake_load(url: str, clients: int, prefill_s: float) -> ClosedLoop:
-    """Requests of 64 random prompt tokens whose prefill takes `prefill_s` (FakeEngine's knob)."""
+def fake_load(url: str, clients: int, prompt_tokens: int, prefill_s: float) -> ClosedLoop:
+    """Requests of `prompt_tokens` random prompt tokens whose prefill takes `prefill_s`
+    (FakeEngine's knob). Few, long prefills: queued tokens without a flood of requests, whose
+    CPU (on 2 cores) would slow the new replica's start."""
 
     def send(client: httpx.Client, rng: random.Random) -> bool:
-        body = {"model": MODEL_NAME, "prompt": [rng.randrange(5, 200) for _ in range(64)], "max_tokens": 2,
+        body = {"model": MODEL_NAME, "prompt": [rng.randrange(5, 200) for _ in range(prompt_tokens)], "max_tokens": 2,
                 "vllm_xargs": {"fake_prefill_s": prefill_s}}
         try:
             return client.post(f"{url}/v1/completions", json=body, timeout=30).status_code == 200
@@ -38,11 +40,13 @@ def fake_load(url: str, clients: int, prefill_s: float) -> ClosedLoop:
 def test_queued_prompt_tokens_scale_prefill_up_and_idleness_back_down(graph):
     assert running_replicas(POOL) == 1
     step_wall = time.time()
-    with fake_load(graph.url, clients=6, prefill_s=0.5) as up:  # ~6 x 64 tokens queued: 3x the target
+    # ~3 x 128 tokens queued, 2.5-3x the target; each prefill well inside the 2 s prefill timeout.
+    with fake_load(graph.url, clients=3, prompt_tokens=128, prefill_s=0.75) as up:
         wait_for("a second prefill replica", lambda: running_replicas(POOL) == 2, 90, every_s=0.25)
         wait_for("the new replica to serve prefills",
                  lambda: all(len(s.seen) > 0 for s in replica_stats("prefill", 2).values()), 30, every_s=0.25)
-    with fake_load(graph.url, clients=1, prefill_s=0.0) as down:  # light: requests in flight while it leaves
+    # Light (at most 16 tokens queued, a scale-down needs under 64): requests in flight while it leaves.
+    with fake_load(graph.url, clients=1, prompt_tokens=16, prefill_s=0.1) as down:
         wait_for("prefill back at 1 replica", lambda: running_replicas(POOL) == 1, 60, every_s=0.25)
         time.sleep(1.0)
     assert up.outcomes[False] == 0 and down.outcomes[False] == 0, (up.outcomes, down.outcomes)

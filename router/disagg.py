@@ -159,10 +159,12 @@ class DisaggregatedBackend:
         ROUTES.labels(tier=tier, path="disaggregated", reason="").inc()
         return handoff, first, prompt_logprobs
 
-    def _reuse_first_token(self, request: EngineRequest) -> bool:
-        """Whether the prefill's token can be the answer's first (kv_transfer/first_token.py);
-        counted either way, with the reason when not."""
+    def _reuse_first_token(self, request: EngineRequest, decision: Optional[RouteDecision]) -> bool:
+        """Whether the prefill's token can be the answer's first (kv_transfer/first_token.py) and
+        the P/D decider finds it pays (rule 9: "handoff_gap" when not); counted either way."""
         blocker = reuse_blocker(request.sampling) if self._first_token_reuse else "off"
+        if blocker is None and decision is not None and not decision.reuse_first_token:
+            blocker = "handoff_gap"
         FIRST_TOKEN.labels(tier=request.tier, path="prefill" if blocker is None else "decode",
                            reason=blocker or "").inc()
         return blocker is None
@@ -235,7 +237,7 @@ class DisaggregatedBackend:
             handoff, path, first, prompt_logprobs = None, "decode_only", None, None  # decode computes it
             ROUTES.labels(tier=tier, path=path, reason="").inc()
         else:
-            reuse = self._reuse_first_token(request)
+            reuse = self._reuse_first_token(request, decision)
             with self._dispatch(decision, "prefill", request):
                 handoff, first, prompt_logprobs = await self._prefill_hop(request, pools.prefill, reuse)
             path = "disaggregated" if handoff is not None or first is not None else "fallback_recompute"

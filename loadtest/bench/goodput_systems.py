@@ -8,6 +8,8 @@ yields the URLs the load goes to and stops everything on exit.
                     prefill engine (routing.whole_on_prefill_max_tokens: 16)
   tandem-decode-streams  tandem-adaptive without rule 8: every stream decodes on the decode
                     engine, even at its bound (routing.whole_on_prefill_when_decode_full: false)
+  tandem-noreuse    tandem-adaptive with the decode engine's first token streamed as the first
+                    (kv_transfer.first_token_reuse: false): no handoff gap after the first token
   tandem-always     the same, every request prefilled remotely (disaggregation: always)
   colocated-mbt<N>  two plain vLLM api_servers, one core each, round-robin, chunked prefill
                     with max_num_batched_tokens N (one system per N of the sweep)
@@ -31,7 +33,7 @@ TANDEM_METRICS_PORT = 8080  # the local Ray's metrics export (the decider's verd
 TANDEM_METRICS_URL = f"http://127.0.0.1:{TANDEM_METRICS_PORT}/metrics"
 DIRECT_PORTS = (8101, 8102)
 RAYLLM_PORT = 8200
-NAMES = ("tandem-adaptive", "tandem-decode-streams", "tandem-whole", "tandem-always", "colocated", "single",
+NAMES = ("tandem-adaptive", "tandem-decode-streams", "tandem-noreuse", "tandem-whole", "tandem-always", "colocated", "single",
          "rayllm-pd")
 WHOLE_MAX_TOKENS = 16  # tandem-whole's routing.whole_on_prefill_max_tokens: the prefill-heavy answers (8) fit
 
@@ -43,6 +45,7 @@ class System:
     disaggregation: str = "adaptive"  # tandem only
     whole_on_prefill_max_tokens: int = 0  # tandem only
     whole_when_decode_full: bool = True  # tandem only
+    first_token_reuse: bool = True  # tandem only
     engines: int = 2  # direct only: 2 colocated, 1 on both cores
     max_num_batched_tokens: Optional[int] = None  # None: the run's --max-num-batched-tokens
 
@@ -57,6 +60,8 @@ def systems_of(names: list[str], colocated_sweep: list[int]) -> list[System]:
                 out.append(System(name, "tandem", whole_on_prefill_max_tokens=WHOLE_MAX_TOKENS))
             elif mode == "decode-streams":
                 out.append(System(name, "tandem", whole_when_decode_full=False))
+            elif mode == "noreuse":
+                out.append(System(name, "tandem", first_token_reuse=False))
             else:
                 out.append(System(name, "tandem", disaggregation=mode))
         elif name == "colocated":
@@ -95,6 +100,7 @@ def tandem_config(args, gpu: bool, system: System, objective: Objective) -> Clus
         "routing": {"disaggregation": system.disaggregation,
                     "whole_on_prefill_max_tokens": system.whole_on_prefill_max_tokens,
                     "whole_on_prefill_when_decode_full": system.whole_when_decode_full},
+        "kv_transfer": {"first_token_reuse": system.first_token_reuse},
         "ray": {"num_cpus": None if gpu else 2, "metrics_export_port": TANDEM_METRICS_PORT},
     })
 

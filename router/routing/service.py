@@ -196,12 +196,14 @@ class KVRouter:
         decode = self._pick(decode_workers, ctx, tier, "decode")
         prefill = None
         skip = whole = False
+        reuse = True
         if decode is not None:
             if self._decider.mode != "never":
                 prefill = self._pick(prefill_workers, ctx, tier, "prefill")
             verdict = self._decide(ctx, tier, decode, prefill, request.sampling.max_tokens)
             skip = verdict.skip_prefill
             whole = verdict.whole_on_prefill and prefill is not None
+            reuse = verdict.reuse_first_token
             metrics.PD_DECISIONS.labels(tier=tier, path=verdict.path, reason=verdict.reason).inc()
             log.debug("request %s: %s (%s): ttft remote %.3f s, local %.3f s, streams' gap if local %.3f s",
                       request.request_id, verdict.path, verdict.reason, verdict.ttft_remote_s,
@@ -221,7 +223,7 @@ class KVRouter:
         else:
             reason = "prefix_hit" if hit > 0 else "load"
         decision = RouteDecision(prefill=prefill, decode=decode, skip_prefill=skip, reason=reason,
-                                 predicted_hit_tokens=hit, whole_on_prefill=whole)
+                                 predicted_hit_tokens=hit, whole_on_prefill=whole, reuse_first_token=reuse)
         path = "decode_only" if skip else "prefill_only" if whole else "disaggregated"
         metrics.DECISIONS.labels(tier=tier, path=path, reason=reason).inc()
         metrics.PREDICTED_HIT_TOKENS.labels(tier=tier, pool="decode" if skip else "prefill").inc(hit)

@@ -56,3 +56,4 @@ class RouteDecision:
     reason: str
     predicted_hit_tokens: int = 0  # prompt tokens the chosen engine should find cached
     whole_on_prefill: bool = False  # the whole request on `prefill` (a short answer): no decode hop
+    reuse_first_token: bool = True  # the prefill's token may be the answer's first (decider rule 9)

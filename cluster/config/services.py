@@ -161,8 +161,10 @@ class RoutingConfig(_Strict):
     # With adaptive: a request of any length that would prefill remotely runs whole on the
     # prefill engine when the decode engine is at its mean-ITL bound and the prefill engine has
     # room for one more stream (its queue meets the TTFT objective, its step the ITL and gap
-    # ones): the two engines share the streams when decode is the bottleneck.
-    whole_on_prefill_when_decode_full: bool = True
+    # ones): the two engines share the streams when decode is the bottleneck. Off by default: in
+    # the runs of record it never fired (loadtest/bench/RESULTS.md section 9: on the 70/30 mix the
+    # prefill engine saturates first), so whether it pays is not measured yet.
+    whole_on_prefill_when_decode_full: bool = False
     # Engines publish KV-cache events (vLLM kv_events_config, ZMQ) and the gateway follows
     # them; off: routing on load only.
     kv_events: bool = True

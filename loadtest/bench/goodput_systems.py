@@ -6,8 +6,8 @@ yields the URLs the load goes to and stops everything on exit.
                     remote or local prefill per request (routing.disaggregation: adaptive)
   tandem-whole      tandem-adaptive, and a short answer (max_tokens <= 16) may run whole on the
                     prefill engine (routing.whole_on_prefill_max_tokens: 16)
-  tandem-decode-streams  tandem-adaptive without rule 8: every stream decodes on the decode
-                    engine, even at its bound (routing.whole_on_prefill_when_decode_full: false)
+  tandem-decode-full  tandem-adaptive with rule 8: while the decode engine is at its bound, streams
+                    run whole on the prefill engine (routing.whole_on_prefill_when_decode_full)
   tandem-noreuse    tandem-adaptive with the decode engine's first token streamed as the first
                     (kv_transfer.first_token_reuse: false): no handoff gap after the first token
   tandem-always     the same, every request prefilled remotely (disaggregation: always)
@@ -33,7 +33,7 @@ TANDEM_METRICS_PORT = 8080  # the local Ray's metrics export (the decider's verd
 TANDEM_METRICS_URL = f"http://127.0.0.1:{TANDEM_METRICS_PORT}/metrics"
 DIRECT_PORTS = (8101, 8102)
 RAYLLM_PORT = 8200
-NAMES = ("tandem-adaptive", "tandem-decode-streams", "tandem-noreuse", "tandem-whole", "tandem-always", "colocated", "single",
+NAMES = ("tandem-adaptive", "tandem-decode-full", "tandem-noreuse", "tandem-whole", "tandem-always", "colocated", "single",
          "rayllm-pd")
 WHOLE_MAX_TOKENS = 16  # tandem-whole's routing.whole_on_prefill_max_tokens: the prefill-heavy answers (8) fit
 
@@ -44,7 +44,7 @@ class System:
     kind: Literal["tandem", "direct", "rayllm"]
     disaggregation: str = "adaptive"  # tandem only
     whole_on_prefill_max_tokens: int = 0  # tandem only
-    whole_when_decode_full: bool = True  # tandem only
+    whole_when_decode_full: bool = False  # tandem only
     first_token_reuse: bool = True  # tandem only
     engines: int = 2  # direct only: 2 colocated, 1 on both cores
     max_num_batched_tokens: Optional[int] = None  # None: the run's --max-num-batched-tokens
@@ -58,8 +58,8 @@ def systems_of(names: list[str], colocated_sweep: list[int]) -> list[System]:
             mode = name.removeprefix("tandem-")
             if mode == "whole":
                 out.append(System(name, "tandem", whole_on_prefill_max_tokens=WHOLE_MAX_TOKENS))
-            elif mode == "decode-streams":
-                out.append(System(name, "tandem", whole_when_decode_full=False))
+            elif mode == "decode-full":
+                out.append(System(name, "tandem", whole_when_decode_full=True))
             elif mode == "noreuse":
                 out.append(System(name, "tandem", first_token_reuse=False))
             else:

@@ -56,7 +56,8 @@ Rules, in order (the reason is the metric label):
    has time (RESULTS.md section 8: tandem's decode mean ITL p50 118-123 ms at its 124 ms
    bound while colocated engines, each doing both, ran at 68-72 ms). The prefill engine's
    step model is fitted from the gaps of the streams it runs, so once its chunks slow them
-   past itl_s the rule stops sending more (routing.whole_on_prefill_when_decode_full).
+   past itl_s the rule stops sending more (routing.whole_on_prefill_when_decode_full, off by
+   default: it never fired in RESULTS.md section 9's runs, where prefill saturated first).
 9. a remote verdict of rules 4-6 reuses the prefill's sampled token as the answer's first
    (kv_transfer.first_token_reuse) only when that pays: the handoff (the decode engine's
    observed time to its first token after a remote prefill, one request in ten) then sits

@@ -82,8 +82,8 @@ def test_ray_serve_llm_engines_get_the_same_engine_settings_and_their_own_core()
     assert cfg["placement_group_config"] == {"bundles": [{"CPU": 1}]}
 
 
-def test_tandem_decode_streams_is_adaptive_without_rule_8():
-    on, off = systems_of(["tandem-adaptive", "tandem-decode-streams"], [256])
+def test_tandem_decode_full_is_adaptive_with_rule_8():
+    off, on = systems_of(["tandem-adaptive", "tandem-decode-full"], [256])
     assert (on.disaggregation, on.whole_when_decode_full) == ("adaptive", True)
     assert (off.disaggregation, off.whole_when_decode_full) == ("adaptive", False)
 

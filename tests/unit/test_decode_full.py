@@ -71,10 +71,10 @@ def test_modes_always_and_never_and_local_verdicts_are_untouched():
 
 
 def test_the_cluster_config_turns_the_rule_on_and_the_router_gets_it(tiny_model_dir):
-    assert RoutingConfig().whole_on_prefill_when_decode_full is True
+    assert RoutingConfig().whole_on_prefill_when_decode_full is False  # not measured to pay yet
     cfg = ClusterConfig.model_validate({"model": {"path": str(tiny_model_dir)},
-                                        "routing": {"whole_on_prefill_when_decode_full": False}})
-    assert build_kv_router(cfg)._decider.whole_when_decode_full is False
+                                        "routing": {"whole_on_prefill_when_decode_full": True}})
+    assert build_kv_router(cfg)._decider.whole_when_decode_full is True
 
 
 # -- through the KVRouter: the prefill replica's step reports feed its model ----------------

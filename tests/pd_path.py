@@ -75,3 +75,26 @@ async def prefill_idle(path: InProcessPath, timeout_s: float = 60) -> None:
     while any(info.stats.queued_prompt_tokens for info in path.directories[(TIER, "prefill")].replicas()):
         assert time.monotonic() < deadline, "the prefill replicas still report queued prompts"
         await asyncio.sleep(0.25)
+
+
+def fake_pd_path(decider, objectives, prefill_timeout_s: float = 5.0, prefill_chunk_budget: int = 2048):
+    """The same path over fake Serve pools (tests/fakes.py FakeServePool), one replica each, an
+    idle prefill replica "p0" and decode replica "d0": (backend, pools, router). No Ray."""
+    import random
+
+    from cluster.types import RoutingStats, TierPools
+    from router.disagg import DisaggregatedBackend
+    from router.routing.directory import PoolDirectory, ReplicaInfo
+    from router.routing.service import KVRouter
+    from tests.fakes import FakeServePool
+
+    dirs = {(TIER, pool): PoolDirectory() for pool in ("prefill", "decode")}
+    pools = TierPools(prefill=FakeServePool(dirs[(TIER, "prefill")], ["p0"]),
+                      decode=FakeServePool(dirs[(TIER, "decode")], ["d0"]))
+    for pool, replica, stats in (("prefill", "p0", {"queued_prompt_tokens": 0}), ("decode", "d0", {"running_seqs": 0})):
+        dirs[(TIER, pool)].set_replicas([ReplicaInfo(replica, 64, RoutingStats.from_dict(
+            {"worker_id": f"{TIER}-{pool}-{replica}", **stats}))])
+    router = KVRouter(directories=dirs, index=None, weights={"load": 1.0}, decider=decider, subscribe=False,
+                      rng=random.Random(0), objectives={TIER: objectives}, chunk_budgets={TIER: 64},
+                      prefill_chunk_budgets={TIER: prefill_chunk_budget})
+    return DisaggregatedBackend(pools={TIER: pools}, prefill_timeout_s=prefill_timeout_s, router=router), pools, router

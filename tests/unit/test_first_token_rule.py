@@ -6,19 +6,15 @@ pure function, then through DisaggregatedBackend over fake Serve pools (tests/fa
 from __future__ import annotations
 
 import asyncio
-import random
 
 from vllm import SamplingParams
 
 from cluster.protocol import EngineRequest, new_token_ids
-from cluster.types import RoutingStats, TierPools
 from router import disagg
-from router.disagg import DisaggregatedBackend
 from router.routing.cost_model import EngineCostModel
 from router.routing.decider import DecodeView, Objectives, PDDecider, PrefillView, RequestView, decide
-from router.routing.directory import PoolDirectory, ReplicaInfo
-from router.routing.service import KVRouter
-from tests.fakes import FakeServePool, RecordingMetric
+from tests.fakes import RecordingMetric
+from tests.pd_path import fake_pd_path
 
 TIER = "interactive"
 SLO = Objectives(ttft_s=2.0, itl_s=0.1, gap_s=0.2)
@@ -64,17 +60,9 @@ def test_other_modes_and_paths_keep_the_configured_reuse():
 
 
 def make_backend(handoff_s: float):
-    dirs = {(TIER, pool): PoolDirectory() for pool in ("prefill", "decode")}
-    pools = TierPools(prefill=FakeServePool(dirs[(TIER, "prefill")], ["p0"]),
-                      decode=FakeServePool(dirs[(TIER, "decode")], ["d0"]))
-    dirs[(TIER, "prefill")].set_replicas([ReplicaInfo("p0", 64, RoutingStats.from_dict(
-        {"worker_id": "interactive-prefill-p0", "queued_prompt_tokens": 0}))])
-    dirs[(TIER, "decode")].set_replicas([ReplicaInfo("d0", 64, RoutingStats.from_dict(
-        {"worker_id": "interactive-decode-d0", "running_seqs": 0}))])
-    router = KVRouter(directories=dirs, index=None, weights={"load": 1.0}, decider=ADAPTIVE, subscribe=False,
-                      rng=random.Random(0), objectives={TIER: SLO}, chunk_budgets={TIER: 64})
+    backend, pools, router = fake_pd_path(ADAPTIVE, SLO)
     router._models["interactive-decode-d0"] = EngineCostModel().observe_handoff(handoff_s)
-    return DisaggregatedBackend(pools={TIER: pools}, prefill_timeout_s=5.0, router=router), pools
+    return backend, pools
 
 
 async def answer(backend) -> list[list[int]]:

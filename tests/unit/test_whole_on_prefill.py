@@ -6,19 +6,15 @@ the router's queue accounting left empty."""
 from __future__ import annotations
 
 import asyncio
-import random
 
 import pytest
 from vllm import SamplingParams
 
 from cluster.protocol import EngineRequest, new_token_ids
-from cluster.types import RoutingStats, TierPools
-from router.disagg import DisaggregatedBackend
 from router.routing.cost_model import EngineCostModel
 from router.routing.decider import DecodeView, Objectives, PDDecider, PrefillView, RequestView, decide
-from router.routing.directory import PoolDirectory, ReplicaInfo
 from router.routing.service import KVRouter
-from tests.fakes import FakeServePool
+from tests.pd_path import fake_pd_path
 
 TIER = "interactive"
 SLO = Objectives(ttft_s=1.0, itl_s=0.1, gap_s=0.2)
@@ -89,17 +85,7 @@ def test_a_verdict_for_local_stays_local():
 
 
 def make_backend(prefill_timeout_s: float = 5.0):
-    dirs = {(TIER, pool): PoolDirectory() for pool in ("prefill", "decode")}
-    pools = TierPools(prefill=FakeServePool(dirs[(TIER, "prefill")], ["p0"]),
-                      decode=FakeServePool(dirs[(TIER, "decode")], ["d0"]))
-    dirs[(TIER, "prefill")].set_replicas([ReplicaInfo("p0", 64, RoutingStats.from_dict(
-        {"worker_id": "interactive-prefill-p0", "queued_prompt_tokens": 0}))])
-    dirs[(TIER, "decode")].set_replicas([ReplicaInfo("d0", 64, RoutingStats.from_dict(
-        {"worker_id": "interactive-decode-d0", "running_seqs": 0}))])
-    router = KVRouter(directories=dirs, index=None, weights={"load": 1.0}, decider=WHOLE, subscribe=False,
-                      rng=random.Random(0), objectives={TIER: SLO}, chunk_budgets={TIER: 64},
-                      prefill_chunk_budgets={TIER: 64})
-    return DisaggregatedBackend(pools={TIER: pools}, prefill_timeout_s=prefill_timeout_s, router=router), pools, router
+    return fake_pd_path(WHOLE, SLO, prefill_timeout_s=prefill_timeout_s, prefill_chunk_budget=64)
 
 
 def request(max_tokens: int = 3) -> EngineRequest:

@@ -74,7 +74,7 @@ Pure: `decide` reads only its frozen inputs.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Literal, Optional
 
 from router.routing.cost_model import EngineCostModel
@@ -114,7 +114,7 @@ class PrefillView:
     queued_tokens: int  # uncached prompt tokens queued or running on the chosen prefill engine
     model: EngineCostModel = EngineCostModel()
     chunk_budget_tokens: int = 2048  # the engine's max_num_batched_tokens per step (vLLM's default)
-    running_seqs: int = 0  # streams running whole on it (rules 7 and 8)
+    running_seqs: int = 0  # requests running on it: its prefills and the streams it runs whole (rule 8)
 
 
 @dataclass(frozen=True)
@@ -175,8 +175,8 @@ def decide(policy: PDDecider, req: RequestView, prefill: PrefillView, decode: De
     ttft_remote = predict_remote(req, prefill)
     ttft_local, gap_local = predict_local(req, decode, per_token)
 
-    def out(path: Path, reason: str) -> Decision:
-        return Decision(path, reason, ttft_remote, ttft_local, gap_local)
+    def out(path: Path, reason: str, reuse_first_token: bool = True) -> Decision:
+        return Decision(path, reason, ttft_remote, ttft_local, gap_local, reuse_first_token)
 
     if policy.mode == "never":
         return out("local", "never")
@@ -191,9 +191,12 @@ def decide(policy: PDDecider, req: RequestView, prefill: PrefillView, decode: De
             req, prefill, decode, objectives, ttft_remote):
         return out("whole", "decode_full")
     path, reason = verdict
-    if path == "remote" and not _reuse_pays(req, decode, objectives, ttft_remote):
-        return replace(out(path, reason), reuse_first_token=False)
-    return out(path, reason)
+    return out(path, reason, path != "remote" or _reuse_pays(req, decode, objectives, ttft_remote))
+
+
+def _decode_at_bound(decode: DecodeView, objectives: Objectives) -> bool:
+    """One more stream would put the decode engine's step past the mean-ITL objective."""
+    return decode.running_seqs > 0 and decode.model.step_s(decode.running_seqs + 1) > objectives.itl_s
 
 
 def _reuse_pays(req: RequestView, decode: DecodeView, objectives: Objectives, ttft_remote: float) -> bool:
@@ -212,7 +215,7 @@ def _reuse_pays(req: RequestView, decode: DecodeView, objectives: Objectives, tt
 def _prefill_takes_stream(req: RequestView, prefill: PrefillView, decode: DecodeView, objectives: Objectives,
                           ttft_remote: float) -> bool:
     """Rule 8's condition: the decode engine is at its bound and the prefill engine has room."""
-    if decode.running_seqs == 0 or decode.model.step_s(decode.running_seqs + 1) <= objectives.itl_s:
+    if not _decode_at_bound(decode, objectives):
         return False
     if ttft_remote > objectives.ttft_s:  # the prefill engine is the bottleneck too
         return False
@@ -236,7 +239,7 @@ def _whole_fits(policy: PDDecider, req: RequestView, prefill: PrefillView, decod
 def _adaptive(req: RequestView, prefill: PrefillView, decode: DecodeView, objectives: Objectives, per_token: float,
               ttft_remote: float, ttft_local: float, gap_local: float) -> tuple[Path, str]:
     """Rules 3-6."""
-    step_ok = decode.running_seqs == 0 or decode.model.step_s(decode.running_seqs + 1) <= objectives.itl_s
+    step_ok = not _decode_at_bound(decode, objectives)
     gap_ok = step_ok and (decode.running_seqs == 0 or gap_local <= objectives.gap_s)
     overhead_s = prefill.model.prefill.coefficients()[0]
     uncached_local = max(req.prompt_tokens - req.cached_on_decode, 0)

@@ -327,6 +327,14 @@ def test_a_decode_replica_reports_its_batch_and_mean_step_since_the_last_report(
     assert "queued_prompt_tokens" not in stats
 
 
+def test_a_prefill_replica_streaming_whole_requests_reports_its_step():
+    replica = _replica("kv_producer", running=2.0)
+    assert "step_s" not in replica.record_routing_stats()  # prefills only: no gaps
+    replica.engine._values.update({("vllm:inter_token_latency_seconds_sum", None): 1.2,
+                                   ("vllm:inter_token_latency_seconds_count", None): 20.0})
+    stats = replica.record_routing_stats()
+    assert (stats["running_seqs"], stats["step_s"], stats["step_n"], stats["queued_prompt_tokens"]) == (2, 0.06, 20, 0)
+
 def test_a_reported_queue_is_discounted_by_this_gateways_prompts_done_since():
     # The replica's last report (up to seconds old) still counts a prompt this gateway saw finish.
     now = [100.0]

@@ -113,23 +113,3 @@ def test_the_router_sends_streams_whole_to_prefill_until_its_reported_gaps_pass_
             {"worker_id": "interactive-prefill-x", "running_seqs": 1, "step_s": 0.15, "step_n": 20 + i}))])
         last = asyncio.run(slow.route(_request(f"b{i}"), "interactive"))
     assert not last.whole_on_prefill and not last.skip_prefill
-
-
-def test_a_prefill_replica_streaming_whole_requests_reports_its_step():
-    from cluster.config import EngineConfig, KVTransferConfig
-    from cluster.engine.base import EngineSpec
-    from cluster.engine.fake import FakeEngine
-    from cluster.engine.replica import EngineReplica
-
-    spec = EngineSpec(model_path="/m", served_name="m", dtype="float32", max_model_len=64,
-                      engine=EngineConfig(block_size=16), kv_role="kv_producer", kv=KVTransferConfig(), nixl=None,
-                      cpu_binding=None, on_gpu=False, worker_id="interactive-x-kv_producer")
-    engine = FakeEngine(spec)
-    replica = EngineReplica()
-    replica.engine, replica.info = engine, engine.start()
-    assert "step_s" not in replica.record_routing_stats()  # prefills only: no gaps
-    engine._values.update({("vllm:inter_token_latency_seconds_sum", None): 1.2,
-                           ("vllm:inter_token_latency_seconds_count", None): 20.0,
-                           ("vllm:num_requests_running", None): 2.0})
-    stats = replica.record_routing_stats()
-    assert (stats["running_seqs"], stats["step_s"], stats["step_n"], stats["queued_prompt_tokens"]) == (2, 0.06, 20, 0)

@@ -4,18 +4,23 @@ The OpenAI edge is vLLM's own serving code (router/openai/); it renders a reques
 ids and vLLM `SamplingParams`, which travel inside an `EngineRequest`. The engines answer with
 vLLM's own `RequestOutput`s (DELTA: each carries only its new tokens), which go back to vLLM's
 serving code unchanged, so responses are built exactly as `vllm serve` builds them.
+
+Across Ray, an EngineRequest's SamplingParams travel pickled inside it (`ReceivedSampling`) and
+are unpickled where an engine first reads them whole: importing vLLM costs a process ~8 s of
+CPU, and a replica whose engine never needs vLLM (FakeEngine, tests/serve/) never imports it.
 """
 
 from __future__ import annotations
 
 import copy
 import dataclasses
+import pickle
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Optional, Sequence
 
 if TYPE_CHECKING:  # the gateway and workers import vLLM; this module stays light for tests
-    from vllm import SamplingParams
     from vllm.outputs import RequestOutput
+    from vllm.sampling_params import SamplingParams
 
     from kv_transfer.handoff import Handoff
 
@@ -26,19 +31,60 @@ class InvalidEngineRequest(ValueError):
     message and does not retry."""
 
 
+class ReceivedSampling:
+    """A request's vLLM SamplingParams as they arrived from another process: pickled, and
+    unpickled on the first `params()`. What replica code reads without vLLM (an answer's
+    length, vLLM's `extra_args`, i.e. `vllm_xargs`) is readable as on SamplingParams."""
+
+    __slots__ = ("max_tokens", "extra_args", "_pickled", "_params")
+
+    def __init__(self, max_tokens: Optional[int], extra_args: Optional[dict[str, Any]], pickled: bytes):
+        self.max_tokens = max_tokens
+        self.extra_args = extra_args
+        self._pickled = pickled
+        self._params: Optional["SamplingParams"] = None
+
+    @classmethod
+    def of(cls, sampling: "SamplingParams | ReceivedSampling") -> "ReceivedSampling":
+        if isinstance(sampling, ReceivedSampling):
+            return sampling
+        return cls(sampling.max_tokens, sampling.extra_args, pickle.dumps(sampling, protocol=pickle.HIGHEST_PROTOCOL))
+
+    def params(self) -> "SamplingParams":
+        if self._params is None:
+            self._params = pickle.loads(self._pickled)
+        return self._params
+
+    def __reduce__(self):
+        return (ReceivedSampling, (self.max_tokens, self.extra_args, self._pickled))
+
+
 @dataclass(frozen=True)
 class EngineRequest:
     """A rendered request: `prompt_token_ids` has the chat template applied, `sampling` is what
     vLLM's serving code made of the body (generation_config defaults included), with n == 1:
-    the gateway fans n > 1 out into one EngineRequest per sample (router/disagg.py)."""
+    the gateway fans n > 1 out into one EngineRequest per sample (router/disagg.py).
+
+    Made in the gateway, with SamplingParams; in the replica that receives it `sampling` is a
+    ReceivedSampling (module docstring), which `sampling_params` unpickles."""
 
     request_id: str
     prompt_token_ids: tuple[int, ...]
-    sampling: "SamplingParams"
+    sampling: "SamplingParams | ReceivedSampling"
     tier: str  # chosen once, where the request enters (the edge: router/openai/edge.py)
     # vLLM's prefix-cache salt (its tenant's, auth.prefix_cache isolate): prompts of different
     # salts never share cached blocks. Both hops pass it, so both engines hash alike.
     cache_salt: Optional[str] = None
+
+    def __reduce__(self):
+        return (EngineRequest, (self.request_id, self.prompt_token_ids, ReceivedSampling.of(self.sampling),
+                                self.tier, self.cache_salt))
+
+
+def sampling_params(request: EngineRequest) -> "SamplingParams":
+    """The request's vLLM SamplingParams, wherever the request was made."""
+    sampling = request.sampling
+    return sampling.params() if isinstance(sampling, ReceivedSampling) else sampling
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ from cluster.config import ClusterConfig
 from cluster.coalesce import coalesced
 from cluster.engine.replica import EngineFactory, EngineReplica, build_engine_spec
 from cluster.serve_patch import bind_replica_grpc_on_node_address
-from cluster.protocol import EngineRequest, merge_outputs
+from cluster.protocol import EngineRequest
 from cluster.metrics import Counter
 from kv_transfer.handoff import Handoff, HandoffExpired, HandoffMismatch
 
@@ -54,5 +54,5 @@ class DecodeWorker(EngineReplica):
     async def generate(self, request: EngineRequest, handoff: Optional[Handoff]) -> AsyncIterator[Any]:
         params = self.kv_params(request, handoff)
         # Tokens that pile up while the gateway is busy go out as one Ray item (cluster/coalesce.py).
-        async for chunk in coalesced(self.engine.generate(request, params), merge_outputs):
+        async for chunk in coalesced(self.engine.generate(request, params), self.engine.merge_outputs):
             yield chunk

@@ -15,7 +15,7 @@ from cluster.coalesce import coalesced
 from cluster.config import ClusterConfig
 from cluster.engine.replica import EngineFactory, EngineReplica, build_engine_spec
 from cluster.serve_patch import bind_replica_grpc_on_node_address
-from cluster.protocol import EngineRequest, PrefillResult, merge_outputs
+from cluster.protocol import EngineRequest, PrefillResult
 from kv_transfer.handoff import Handoff, lease_deadline
 
 
@@ -33,7 +33,7 @@ class PrefillWorker(EngineReplica):
 
     async def generate(self, request: EngineRequest) -> AsyncIterator[Any]:
         """The whole request, streamed (as a decode replica streams, cluster/coalesce.py)."""
-        stream = coalesced(self.engine.generate(request, None), merge_outputs)
+        stream = coalesced(self.engine.generate(request, None), self.engine.merge_outputs)
         try:
             with self.signals.pending_prompt(len(request.prompt_token_ids)):  # autoscaling signal
                 first = await anext(stream, None)

@@ -5,9 +5,10 @@ multipart messages (topic, seq as 8 bytes big-endian, msgpack KVEventBatch), and
 replay socket that resends buffered batches from a given seq. One `KVEventSubscriber` per
 worker runs a daemon thread:
 
-- first message: drop whatever the index holds for this worker (a previous gateway may have
-  left entries in Redis) and ask for a replay from seq 0, so blocks stored before we joined
-  are known too;
+- joining (as the thread starts, and again at the first message if the publisher's buffer was
+  empty or did not answer): drop whatever the index holds for this worker (a previous gateway
+  may have left entries in Redis) and apply its replay from seq 0, so blocks stored before we
+  joined are known too, even when the engine publishes nothing more for a while;
 - a sequence gap: ask for a replay of the missing batches; when the publisher's buffer no
   longer has them (or it does not answer), reset the worker's entries and carry on;
 - the index unreachable (Redis down): skip, remember the worker is stale, and reset its
@@ -107,6 +108,8 @@ class KVEventSubscriber:
         sub.setsockopt(zmq.SUBSCRIBE, b"")
         sub.connect(self.endpoint)
         try:
+            # What the SUB socket gets meanwhile queues; the seq logic skips what this applied.
+            self._catch_up()
             while not self._stop.is_set():
                 if not sub.poll(POLL_MS):
                     continue
@@ -154,6 +157,10 @@ class KVEventSubscriber:
         stored before it are missed, which costs hits, never gives a false one. A malformed
         batch in the buffer starts the entries over after it."""
         self._on_event("rebuild")
+        self._catch_up()
+
+    def _catch_up(self) -> None:
+        """Start the worker's entries over from what the publisher still buffers."""
         self._reset()
         batches = self._fetch(0) or []
         for _seq, payload in batches:

@@ -10,6 +10,7 @@ import asyncio
 import json
 from typing import Any, AsyncIterator, Optional, Sequence
 
+from cluster.engine.fake_kv_events import block_stored
 from cluster.protocol import EngineRequest
 
 
@@ -81,81 +82,9 @@ class FakeBackend:
         self.aborted.append(request_id)
 
 
-class FakeKVEventPublisher:
-    """vLLM's ZMQ KV-event wire protocol without vLLM: a PUB socket sending (topic, seq,
-    msgpack [ts, events, dp_rank]) and a ROUTER replay socket answering a start seq with the
-    buffered batches from it and an end marker (seq -1). `publish(..., drop=True)` skips the
-    send but keeps the batch for replay: a gap the subscriber can repair; `forget()` empties
-    the replay buffer: a gap it cannot."""
-
-    def __init__(self) -> None:
-        import threading
-
-        import msgspec
-        import zmq
-
-        self._encode = msgspec.msgpack.Encoder().encode
-        self._ctx = zmq.Context.instance()
-        self._pub = self._ctx.socket(zmq.PUB)
-        self._pub.setsockopt(zmq.LINGER, 0)
-        self._pub.bind("tcp://127.0.0.1:0")
-        self.endpoint = self._pub.getsockopt_string(zmq.LAST_ENDPOINT)
-        self._replay = self._ctx.socket(zmq.ROUTER)
-        self._replay.setsockopt(zmq.LINGER, 0)
-        self._replay.bind("tcp://127.0.0.1:0")
-        self.replay_endpoint = self._replay.getsockopt_string(zmq.LAST_ENDPOINT)
-        self._seq = 0
-        self._buffer: list[tuple[int, bytes]] = []
-        self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._serve_replay, daemon=True)
-        self._thread.start()
-
-    def publish(self, events: list[dict], drop: bool = False) -> int:
-        return self.publish_payload(self._encode([0.0, events, None]), drop)
-
-    def publish_payload(self, payload: bytes, drop: bool = False) -> int:
-        """Any payload, well-formed or not, sent and buffered like a batch."""
-        with self._lock:
-            seq = self._seq
-            self._seq += 1
-            self._buffer.append((seq, payload))
-            if not drop:
-                self._pub.send_multipart((b"", seq.to_bytes(8, "big"), payload))
-        return seq
-
-    def send_raw(self, frames: list[bytes]) -> None:
-        """A message on the wire that is not (topic, seq, payload) at all; not buffered."""
-        with self._lock:
-            self._pub.send_multipart(frames)
-
-    def forget(self) -> None:
-        with self._lock:
-            self._buffer.clear()
-
-    def _serve_replay(self) -> None:
-        while not self._stop.is_set():
-            if not self._replay.poll(50):
-                continue
-            client, _, start = self._replay.recv_multipart()
-            start_seq = int.from_bytes(start, "big")
-            with self._lock:
-                for seq, payload in self._buffer:
-                    if seq >= start_seq:
-                        self._replay.send_multipart((client, b"", b"", seq.to_bytes(8, "big"), payload))
-                self._replay.send_multipart((client, b"", b"", (-1).to_bytes(8, "big", signed=True), b""))
-
-    def close(self) -> None:
-        self._stop.set()
-        self._thread.join(timeout=2)
-        self._pub.close()
-        self._replay.close()
-
-
 def stored(*hashes: int) -> dict:
     """A BlockStored event as vLLM encodes it."""
-    return {"type": "BlockStored", "block_hashes": list(hashes), "parent_block_hash": None,
-            "token_ids": [], "block_size": 4, "lora_id": None, "medium": "CPU", "lora_name": None}
+    return block_stored(hashes, None, [], block_size=4)
 
 
 def removed(*hashes: int) -> dict:

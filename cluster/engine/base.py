@@ -18,6 +18,8 @@ Lifecycle and call order (every call in the replica's process):
      DELTAs (the consumer role, or a plain engine with params None). With params the
      prompt's KV is pulled from the producer they name; without, computed here. Closing
      the generator early aborts the request inside the engine.
+   - `merge_outputs(outputs)`: consecutive DELTAs of one stream as one (the replica coalesces
+     what piles up while the gateway reads, cluster/coalesce.py); pure, any thread.
    - `abort(request_id)`: at any time; an id the engine does not hold is ignored.
    - `metrics()`: the engine's counters as vLLM names them (metrics.py `Readings`); cheap,
      non-blocking, any thread: the metrics exporter, the autoscaling signals and the routing
@@ -35,10 +37,11 @@ from __future__ import annotations
 import abc
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, AsyncIterator, Optional
+from typing import TYPE_CHECKING, Any, AsyncIterator, Optional, Sequence
 
 from cluster.config import EngineConfig, KVTransferConfig
 from cluster.engine.metrics import EngineStats, engine_stats
+from cluster.protocol import merge_outputs
 from kv_transfer.handoff import EngineIdentity
 from kv_transfer.nixl import KVRole, NixlEndpoint
 
@@ -125,6 +128,10 @@ class Engine(abc.ABC):
     def generate(self, request: "EngineRequest",
                  kv_transfer_params: Optional[dict[str, Any]]) -> AsyncIterator[Any]:
         """An async generator of vLLM RequestOutput DELTAs, prompt fields left out."""
+
+    def merge_outputs(self, outputs: Sequence[Any]) -> Any:
+        """Consecutive DELTA outputs of one request as one (vLLM's RequestOutput.add)."""
+        return merge_outputs(outputs)
 
     @abc.abstractmethod
     async def abort(self, request_id: str) -> None:

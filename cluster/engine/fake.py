@@ -1,7 +1,10 @@
 """FakeEngine: a deterministic Engine (base.py) without vLLM, so the real Ray Serve graph
-(gateway, router, both pools) runs on CPU in seconds (tests/serve/). It lives in the package,
-not in tests/fakes.py, because Serve replicas import it by class (cluster/app.py build_app's
-`engine_cls`). A fake for tests of the graph's logic; what real engines do (NIXL, vLLM's
+(gateway, router, both pools) runs on CPU in seconds (tests/serve/). A replica process with a
+FakeEngine never imports vLLM (~8 s of CPU each on 2 cores): requests arrive with their
+SamplingParams still pickled (cluster/protocol.py ReceivedSampling), and the fake's outputs
+(FakeOutput) become vLLM RequestOutputs only when unpickled in the gateway. It lives in the
+package, not in tests/fakes.py, because Serve replicas import it by class (cluster/app.py
+build_app's `engine_cls`). A fake for tests of the graph's logic; what real engines do (NIXL, vLLM's
 scheduler, answers' quality) stays with tests/integration/.
 
 Behaviour:
@@ -12,11 +15,12 @@ Behaviour:
   id, block ids, host, port). `generate` with such params "pulls" (counted as transferred
   prompt tokens and one KV transfer), without them "recomputes" (computed prompt tokens).
   A failed pull is counted and recomputed, as vLLM's kv_load_failure_policy=recompute does.
-- KV events: with `spec.kv_events_host` set (prefix caching on), vLLM's own ZMQ publisher
-  (PUB + replay, bound on that host) sends a BlockStored for each full prompt block this
-  engine computes or pulls for the first time, hashed with vLLM's own block hash (sha256):
-  the router's subscribers and prefix index follow a fake engine as they follow a real one.
-  No eviction: nothing is ever removed.
+- KV events: with `spec.kv_events_host` set (prefix caching on), a publisher speaking vLLM's
+  ZMQ protocol (fake_kv_events.py: PUB + replay, bound on that host) sends a BlockStored for
+  each full prompt block this engine computes or pulls for the first time, hashed as vLLM
+  hashes blocks (router/hashing.py, proven equal to a real engine's by
+  tests/integration/test_kv_router.py): the router's subscribers and prefix index follow a
+  fake engine as they follow a real one. No eviction: nothing is ever removed.
 - Counters: the same vLLM metric names VLLMEngine reads (metrics.py), so stats, the metrics
   exporter, the autoscaling signals and the routing stats work unchanged; `stats()` adds the
   request ids seen, pulled, recomputed, aborted and cancelled (FakeEngineStats), so a test
@@ -25,24 +29,27 @@ Behaviour:
   fails, engine dead). Engine-wide from the constructor (functools.partial(FakeEngine,
   knobs=...) as the app's engine_cls), or per request from the request's
   SamplingParams.extra_args (`vllm_xargs` in an OpenAI request) under the names in KNOB_ARGS.
+- Outputs: FakeOutput DELTAs (one token each, its text the token id and a space), merged by
+  `merge_outputs` when the replica coalesces them.
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
-import importlib
 import json
 import os
 import time
 from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, AsyncIterator, Optional
+from typing import Any, AsyncIterator, Optional, Sequence
 
 from cluster.engine.base import CacheLayout, Engine, EngineInfo, EngineSpec, KVEventsEndpoint, cache_identity
+from cluster.engine.fake_kv_events import KVEventPublisher, block_stored
 from cluster.engine.metrics import ITL_COUNT, ITL_SUM, KV_TRANSFERS, EngineStats, Readings
 from cluster.protocol import EngineRequest, PrefillResult
+from router.hashing import DEFAULT_SEED, BlockHasher
 
 _SOURCE = "vllm:prompt_tokens_by_source_total"
 FIRST_TOKEN_ID = 5  # below: the tiny model's special tokens
@@ -84,48 +91,58 @@ def fake_tokens(seq: list[int], n: int, vocab_size: int) -> list[int]:
     return out
 
 
+@dataclass(frozen=True)
+class FakeOutput:
+    """One DELTA of a fake stream. Unpickled (in the gateway, across Ray) it is the vLLM
+    RequestOutput an engine yields, built by `request_output`; in the replica it stays this."""
+
+    request_id: str
+    token_ids: tuple[int, ...]
+    finish_reason: Optional[str] = None
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+    def __reduce__(self):
+        return (request_output, (self.request_id, self.token_ids, self.finish_reason))
+
+
+def request_output(request_id: str, token_ids: Sequence[int], finish_reason: Optional[str]) -> Any:
+    """A fake DELTA as vLLM's RequestOutput (the process that calls this imports vLLM)."""
+    from vllm.outputs import CompletionOutput, RequestOutput
+
+    completion = CompletionOutput(0, "".join(f"{t} " for t in token_ids), list(token_ids), None, None,
+                                  finish_reason=finish_reason)
+    return RequestOutput(request_id, None, None, None, [completion], finish_reason is not None)
+
+
 class _KVEvents:
-    """vLLM's ZmqEventPublisher, fed the BlockStored events of the blocks first cached here."""
+    """The BlockStored events of the blocks first cached here, published as vLLM publishes them."""
 
     def __init__(self, host: str, block_size: int):
-        from vllm.distributed.kv_events import ZmqEventPublisher
-        from vllm.utils.hashing import sha256
-        from vllm.v1.core import kv_cache_utils
-
-        os.environ["VLLM_HOST_IP"] = host  # "tcp://*:0" binds a free port on this address
-        kv_cache_utils.init_none_hash(sha256)
-        self.seed = kv_cache_utils.get_none_hash_seed()
-        self._hash = lambda parent, tokens, extra: kv_cache_utils.hash_block_tokens(sha256, parent, tokens, extra)
+        # vLLM seeds its first block hash from PYTHONHASHSEED when the engine process has it.
+        self.seed = os.environ.get("PYTHONHASHSEED", DEFAULT_SEED)
+        self._hasher = BlockHasher(block_size, self.seed)
         self._block_size = block_size
-        self._publisher = ZmqEventPublisher(0, endpoint="tcp://*:0", replay_endpoint="tcp://*:0")
-        config = self._publisher.get_publisher_config()
-        self.endpoint = KVEventsEndpoint(endpoint=config.endpoint, replay_endpoint=config.replay_endpoint)
-        self._stored: set[bytes] = set()
+        self._publisher = KVEventPublisher(host)
+        self.endpoint = KVEventsEndpoint(endpoint=self._publisher.endpoint,
+                                         replay_endpoint=self._publisher.replay_endpoint)
+        self._stored: set[int] = set()
 
     def store(self, token_ids: list[int], cache_salt: Optional[str]) -> None:
-        from vllm.distributed.kv_events import BlockStored, KVEventBatch
-        from vllm.v1.core.kv_cache_utils import maybe_convert_block_hash
-
-        size, parent, new, first_parent = self._block_size, None, [], None
-        for start in range(0, len(token_ids) - size + 1, size):
-            extra = (("cache_salt", cache_salt),) if start == 0 and cache_salt else None
-            block = self._hash(parent, token_ids[start:start + size], extra)
-            if block not in self._stored:
-                if not new:
-                    first_parent = parent
-                self._stored.add(block)
-                new.append((start, block))
-            parent = block
-        if not new:
+        hashes = self._hasher.hashes(token_ids, cache_salt)
+        first_new = next((i for i, h in enumerate(hashes) if h not in self._stored), None)
+        if first_new is None:
             return
-        event = BlockStored(block_hashes=[maybe_convert_block_hash(b) for _, b in new],
-                            parent_block_hash=None if first_parent is None else maybe_convert_block_hash(first_parent),
-                            token_ids=token_ids[new[0][0]:new[-1][0] + size], block_size=size,
-                            lora_id=None, medium="CPU", lora_name=None)
-        self._publisher.publish(KVEventBatch(ts=time.time(), events=[event]))
+        new = hashes[first_new:]  # a block's hash chains its parent's: the new ones are a suffix
+        self._stored.update(new)
+        size = self._block_size
+        parent = hashes[first_new - 1] if first_new else None
+        self._publisher.publish([block_stored(new, parent, token_ids[first_new * size:len(hashes) * size], size)])
 
     def shutdown(self) -> None:
-        self._publisher.shutdown()
+        self._publisher.close()
 
 
 def _vocab_size(spec: EngineSpec) -> int:
@@ -150,11 +167,6 @@ class FakeEngine(Engine):
     # -- lifecycle -------------------------------------------------------------------------
 
     def start(self) -> EngineInfo:
-        # vLLM's output types, imported now as VLLMEngine's start imports vLLM: a replica that
-        # imports vLLM on its first request holds its event loop (and Serve's queue-length
-        # probes, so Serve routes around it) for seconds.
-        importlib.import_module("vllm.outputs")
-
         time.sleep(self.knobs.start_s)
         block = self.spec.engine.block_size or 16
         if self.spec.kv_events_host is not None:
@@ -281,12 +293,12 @@ class FakeEngine(Engine):
         if event is not None:
             event.set()
 
-    def _output(self, request_id: str, token_ids: list[int], finish_reason: Optional[str]) -> Any:
-        from vllm.outputs import CompletionOutput, RequestOutput
+    def _output(self, request_id: str, token_ids: list[int], finish_reason: Optional[str]) -> FakeOutput:
+        return FakeOutput(request_id, tuple(token_ids), finish_reason)
 
-        completion = CompletionOutput(0, "".join(f"{t} " for t in token_ids), list(token_ids), None, None,
-                                      finish_reason=finish_reason)
-        return RequestOutput(request_id, None, None, None, [completion], finish_reason is not None)
+    def merge_outputs(self, outputs: Sequence[FakeOutput]) -> FakeOutput:
+        return FakeOutput(outputs[0].request_id, tuple(t for out in outputs for t in out.token_ids),
+                          outputs[-1].finish_reason)
 
     # -- counters --------------------------------------------------------------------------
 

@@ -17,7 +17,7 @@ from typing import Any, AsyncIterator, Optional
 from cluster.config import EngineConfig
 from cluster.engine.base import CacheLayout, Engine, EngineInfo, EngineSpec, KVEventsEndpoint, cache_identity
 from cluster.engine.metrics import Readings, read_vllm_metrics
-from cluster.protocol import EngineRequest, InvalidEngineRequest, PrefillResult, merge_outputs
+from cluster.protocol import EngineRequest, InvalidEngineRequest, PrefillResult, merge_outputs, sampling_params
 from kv_transfer.handoff import prefill_request_params
 from cluster.vllm_plugin import ENGINE_NICE
 from kv_transfer.nixl import kv_transfer_config, nixl_env
@@ -87,7 +87,7 @@ def _sampling_params(request: EngineRequest, *, max_tokens: int, kv_params: Opti
     what only shapes output (logprobs, a decoding constraint) is left out."""
     from vllm.sampling_params import RequestOutputKind
 
-    params = request.sampling.clone()
+    params = sampling_params(request).clone()
     params.max_tokens = max_tokens
     params.min_tokens = min(params.min_tokens, max_tokens)
     params.output_kind = RequestOutputKind.DELTA

@@ -8,7 +8,6 @@ import asyncio
 import dataclasses
 
 import pytest
-from vllm import SamplingParams
 
 from cluster.config import EngineConfig, KVTransferConfig
 from cluster.engine.base import EngineSpec
@@ -41,12 +40,14 @@ def _worker(cls_path: str, role: str, knobs: FakeKnobs = FakeKnobs(), **spec):
 
 
 def _request(rid="r", max_tokens=4, **extra) -> EngineRequest:
+    from vllm import SamplingParams  # here, not at the top: the no-vLLM test imports this module
+
     return EngineRequest(rid, PROMPT, SamplingParams(max_tokens=max_tokens, extra_args=extra or None),
                          tier="interactive")
 
 
 async def _decode(decode, request, handoff):
-    return [t for out in [o async for o in decode.generate(request, handoff)] for t in out.outputs[0].token_ids]
+    return [t for out in [o async for o in decode.generate(request, handoff)] for t in out.token_ids]
 
 
 def test_a_handoff_from_prefill_is_pulled_and_without_one_recomputed_with_the_same_answer():
@@ -78,7 +79,7 @@ def test_a_first_token_that_ends_the_answer_hands_nothing_over():
     assert result.first.finished and result.handoff is None
     going_on = asyncio.run(prefill.prefill(_request(max_tokens=3), first_token=True))
     assert not going_on.first.finished and going_on.handoff is not None
-    assert list(going_on.first.outputs[0].token_ids) == fake_tokens(list(PROMPT), 1, 256)
+    assert list(going_on.first.token_ids) == fake_tokens(list(PROMPT), 1, 256)
 
 
 def test_knobs_per_request_fail_the_prefill_or_the_pull():
@@ -135,17 +136,17 @@ def test_the_replica_hooks_read_the_fake_engines_counters():
 
 
 @pytest.mark.parametrize("salt", [None, "tenant-a"])
-def test_kv_events_of_a_fake_engine_are_what_the_router_hashes(salt, monkeypatch):
-    """With kv_events_host set, FakeEngine publishes through vLLM's own ZMQ publisher; the
-    router's subscriber (router/kv_events.py) follows it into a prefix index, and the blocks
-    held are the ones the router computes for the prompt: full blocks only, once each."""
+def test_kv_events_of_a_fake_engine_are_what_the_router_hashes(salt):
+    """With kv_events_host set, FakeEngine publishes in vLLM's ZMQ protocol; the router's
+    subscriber (router/kv_events.py), joining after the blocks were stored, catches up from
+    the replay into a prefix index, and the blocks held are the ones the router computes for
+    the prompt: full blocks only, once each."""
     import time
 
     from router.hashing import BlockHasher
     from router.kv_events import KVEventSubscriber
     from router.prefix_index.memory import MemoryPrefixIndex
 
-    monkeypatch.setenv("VLLM_HOST_IP", "127.0.0.1")  # the engine sets it; undone after the test
     engine = FakeEngine(_spec("kv_producer", kv_events_host="127.0.0.1"))
     info = engine.start()
     assert info.kv_events is not None and info.kv_events.endpoint.startswith("tcp://127.0.0.1:")
@@ -155,17 +156,77 @@ def test_kv_events_of_a_fake_engine_are_what_the_router_hashes(salt, monkeypatch
     prompt = tuple(range(5, 5 + 40))  # 2 full blocks of 16 and 8 tokens never cached
     hasher = BlockHasher(info.cache.block_size, info.cache.hash_seed)
     hashes = hasher.hashes(prompt, salt)
+    request = dataclasses.replace(_request("kv", max_tokens=1), prompt_token_ids=prompt, cache_salt=salt)
     try:
+        # Published before the subscriber joined: it catches up from the publisher's replay.
+        asyncio.run(engine.prefill(request))
         sub.start()
-        request = EngineRequest("kv", prompt, SamplingParams(max_tokens=1), tier="interactive", cache_salt=salt)
         deadline = time.monotonic() + 10
         while index.match(hashes) != {"w-p": 2} and time.monotonic() < deadline:
-            asyncio.run(engine.prefill(request))  # the first may go out before the subscriber joined
-            time.sleep(0.2)
+            time.sleep(0.05)
         assert index.match(hashes) == {"w-p": 2}
+        asyncio.run(engine.prefill(request))
         assert index.match(hasher.hashes(prompt, "other-tenant" if salt is None else None)) == {}
         assert index.num_blocks() == 2  # prefilling the same prompt again stores nothing new
     finally:
         sub.stop()
         engine.shutdown()
         engine.shutdown()  # idempotent
+
+
+def test_across_ray_a_fake_output_is_a_vllm_request_output_and_a_request_keeps_its_sampling():
+    """What pickling (Ray's hop) makes of the wire objects: the gateway reads vLLM's own
+    RequestOutput; the replica reads the request's length and xargs, and its full
+    SamplingParams only where an engine unpickles them."""
+    import pickle
+
+    from vllm.outputs import RequestOutput
+
+    from cluster.engine.fake import FakeOutput
+    from cluster.protocol import ReceivedSampling, sampling_params
+
+    decode = _worker("decode_workers.deployment.DecodeWorker", "kv_consumer")
+    merged = decode.engine.merge_outputs([FakeOutput("r", (7,)), FakeOutput("r", (8, 9), "length")])
+    assert merged == FakeOutput("r", (7, 8, 9), "length")
+    out = pickle.loads(pickle.dumps(merged))
+    assert isinstance(out, RequestOutput) and out.finished and out.request_id == "r"
+    assert (list(out.outputs[0].token_ids), out.outputs[0].text, out.outputs[0].finish_reason) == ([7, 8, 9], "7 8 9 ", "length")
+
+    request = _request(max_tokens=3, fake_token_s=0.5)
+    received = pickle.loads(pickle.dumps(request))
+    assert isinstance(received.sampling, ReceivedSampling)
+    assert (received.sampling.max_tokens, received.sampling.extra_args) == (3, {"fake_token_s": 0.5})
+    assert sampling_params(received) == request.sampling and sampling_params(request) is request.sampling
+    assert pickle.loads(pickle.dumps(received)).sampling.params() == request.sampling  # sent on again
+
+
+def test_a_replica_process_with_a_fake_engine_never_imports_vllm(tmp_path):
+    """The point of FakeEngine in tests/serve: its replicas skip vLLM's import (~8 s of CPU
+    each). A fresh process does what a decode replica does with a request from the gateway
+    (pickled here, with vLLM): decode it, stream the answer, publish KV events, pickle the
+    outputs back."""
+    import pickle
+    import subprocess
+    import sys
+    import textwrap
+    from pathlib import Path
+
+    (tmp_path / "request.pkl").write_bytes(pickle.dumps(_request(max_tokens=3)))
+    script = textwrap.dedent(f"""
+        import asyncio, pickle, sys
+        from pathlib import Path
+        sys.path.insert(0, {str(Path(__file__).resolve().parents[2])!r})
+        from tests.unit.test_fake_engine import _worker
+        decode = _worker("decode_workers.deployment.DecodeWorker", "kv_consumer", kv_events_host="127.0.0.1")
+        request = pickle.loads(Path({str(tmp_path / "request.pkl")!r}).read_bytes())
+
+        async def run():
+            return [pickle.dumps(out) async for out in decode.generate(request, None)]
+
+        assert asyncio.run(run())
+        decode.engine.shutdown()
+        print(sorted(m for m in sys.modules if m == "vllm" or m.startswith(("vllm.", "torch"))))
+    """)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.strip() == "[]"

@@ -134,6 +134,11 @@ class _RecordingEngine:
     def __init__(self):
         self.params = []
 
+    def merge_outputs(self, outputs):
+        from cluster.protocol import merge_outputs
+
+        return merge_outputs(outputs)
+
     async def generate(self, request, params):
         from tests.fakes import fake_output
 

@@ -9,7 +9,8 @@ import pytest
 
 from router.kv_events import KVEventSubscriber, decode_batch
 from router.prefix_index import AllBlocksCleared, BlockRemoved, BlockStored, MemoryPrefixIndex
-from tests.fakes import FakeKVEventPublisher, removed, stored
+from cluster.engine.fake_kv_events import KVEventPublisher
+from tests.fakes import removed, stored
 
 
 def check_index_semantics(index) -> None:
@@ -62,7 +63,7 @@ def wait_for(predicate, timeout_s: float = 10.0) -> None:
 @pytest.fixture
 def stream():
     """A fake publisher, a memory index and a subscriber that has joined the stream."""
-    pub = FakeKVEventPublisher()
+    pub = KVEventPublisher()
     index = MemoryPrefixIndex()
     kinds: list[str] = []
     sub = KVEventSubscriber("w", pub.endpoint, pub.replay_endpoint, index, on_event=kinds.append)
@@ -112,7 +113,7 @@ def test_subscriber_resets_worker_when_gap_cannot_be_replayed(stream):
 
 
 def test_subscriber_stops():
-    pub = FakeKVEventPublisher()
+    pub = KVEventPublisher()
     index = MemoryPrefixIndex()
     kinds: list[str] = []
     sub = KVEventSubscriber("w", pub.endpoint, None, index, on_event=kinds.append)
@@ -206,7 +207,7 @@ def _prefill_router(index):
     router = KVRouter(directories={("interactive", "prefill"): prefill}, index=index, weights={"prefix": 1.0},
                       decider=PDDecider(0), rng=random.Random(0), clock=iter(range(0, 10**6, 10)).__next__)
     req = EngineRequest("r", tuple(range(8)), SamplingParams(max_tokens=1), tier="interactive")
-    return router, prefill, req, FakeKVEventPublisher()
+    return router, prefill, req, KVEventPublisher()
 
 
 def _p1(pub):

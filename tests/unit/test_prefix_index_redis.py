@@ -12,7 +12,8 @@ import pytest
 from router.hashing import BlockHasher
 from router.kv_events import KVEventSubscriber
 from router.prefix_index import BlockStored, IndexUnavailable, make_index
-from tests.fakes import FakeKVEventPublisher, stored
+from cluster.engine.fake_kv_events import KVEventPublisher
+from tests.fakes import stored
 from tests.unit.test_prefix_index import check_index_semantics, wait_for
 from tests.unit.test_routing import PROMPT, kv_router, request
 
@@ -32,7 +33,7 @@ def test_redis_going_away_falls_back_to_load_and_recovers(redis_server):
     index = make_index("redis", redis_url=redis_server.url, prefix="t3:")
     router = kv_router(index)
     hashes = tuple(BlockHasher(4).hashes(PROMPT))
-    pub = FakeKVEventPublisher()
+    pub = KVEventPublisher()
     kinds: list[str] = []
     sub = KVEventSubscriber("interactive-prefill-p2", pub.endpoint, pub.replay_endpoint, index, on_event=kinds.append)
     sub.start()

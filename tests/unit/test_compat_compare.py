@@ -79,3 +79,22 @@ def test_responses_answer_is_the_output_text_and_function_calls():
     assert answer(e, Outcome(200, body)) == {"output": [("message", "hi"), ("function_call", "f", "{}")],
                                             "status": "completed",
                                             "usage": {"input_tokens": 5, "output_tokens": 2}}
+
+
+def test_a_stream_cut_by_max_tokens_may_lack_the_unstreamed_tail_of_its_last_tool_call():
+    """vLLM appends a cut call's parsed-but-unstreamed arguments only when the last delta
+    carries a tool-call delta: whether it is there follows how tokens were chunked."""
+    def stream(args: str, finish: str, streamed: str = "false") -> Outcome:
+        lines = [
+            'data: {"choices": [{"index": 0, "delta": {"tool_calls": [{"index": 0, "function": {"name": "f", "arguments": "%s"}}]}}]}' % streamed,
+            'data: {"choices": [{"index": 0, "delta": {"tool_calls": [{"index": 0, "function": {"arguments": "%s"}}]}, "finish_reason": "%s"}]}' % (args, finish),
+            "data: [DONE]",
+        ]
+        events, done = read_events(lines)
+        return Outcome(200, events=tuple(events), done=done)
+
+    e = _entry(body={"stream": True, "temperature": 0})
+    assert judge(e, stream("", "length"), stream("{}", "length")) == []
+    assert judge(e, stream("{}", "length"), stream("", "length")) == []
+    assert any("answer" in p for p in judge(e, stream("", "length", "true"), stream("{}", "length")))  # not a tail
+    assert any("answer" in p for p in judge(e, stream("", "tool_calls"), stream("{}", "tool_calls")))  # not cut

@@ -4,7 +4,15 @@ Two behaviours of vLLM's NIXL CPU path hurt badly on small hosts (measured on 2 
 CPU ~92% → 0%, TTFT -35..50%, transfers unchanged):
 
 1. NIXL's progress thread polls UCX with a zero timeout and burns a whole core per engine,
-   even when idle. Without it, transfers progress when vLLM polls their status each step.
+   even when idle: NIXL's Python API hard-codes the thread's poll timeout (`pthrDelay`) to 0.
+   We give it PROGRESS_DELAY_US instead, so the thread sleeps in poll() on the UCX workers'
+   event fds and wakes when UCX has work. The thread must stay: over UCX's TCP transport a
+   READ completes only while the *target* progresses (`python -m kv_transfer.bench.progress`,
+   bench/results/progress_thread.json: a 12 MiB READ stalls > 5 s with no progress thread on
+   the target, takes 4-6 ms with one, which idles at 0.3-1% of a core with a 10-100 ms timeout
+   and at 100% with 0). Without the thread (tandem until
+   2026-12-03) a prefill engine progressed its outgoing transfers only between its own steps,
+   so under load a handoff waited out whole prefill steps (0.5-0.7 s on a 2-core EPYC).
 2. The NIXL worker pins the thread that runs the forward pass to the last core of each NUMA
    node, ignoring VLLM_CPU_OMP_THREADS_BIND, so a prefill engine computes on decode's core.
    We restore the affinity the thread had before the connector was built.
@@ -17,12 +25,16 @@ TANDEM_NIXL_CPU_PATCH=1, which it never does with a GPU.
 from __future__ import annotations
 
 import functools
+import importlib
 import logging
 import os
 
 # Under "vllm." so the message goes through vLLM's own log handler in its child processes.
 log = logging.getLogger("vllm.tandem_nixl_cpu_patch")
 ENV_FLAG = "TANDEM_NIXL_CPU_PATCH"
+# The progress thread's poll() timeout: a bound on a lost wake-up (NIXL's own comment: UCX's
+# event fd may miss some events), not a delay on work, which wakes the thread at once.
+PROGRESS_DELAY_US = 10_000
 _applied = False
 
 
@@ -32,9 +44,9 @@ def apply() -> None:
         return
     from vllm.distributed.kv_transfer.kv_connector.v1.nixl import base_worker
 
-    original_config = base_worker.nixl_agent_config
-    if original_config is not None:
-        base_worker.nixl_agent_config = functools.partial(original_config, enable_prog_thread=False)
+    if base_worker.nixl_agent_config is not None:
+        bindings = importlib.import_module(base_worker.NixlWrapper.__module__).nixlBind
+        bindings.nixlAgent = agent_with_progress_delay(bindings.nixlAgent, PROGRESS_DELAY_US)
 
     worker_cls = base_worker.NixlBaseConnectorWorker
     original_init = worker_cls.__init__
@@ -49,4 +61,17 @@ def apply() -> None:
 
     worker_cls.__init__ = init_keeping_affinity
     _applied = True
-    log.info("tandem: NIXL CPU patch applied (no progress thread, OMP core binding kept)")
+    log.info("tandem: NIXL CPU patch applied (progress thread sleeps up to %d us, OMP core binding kept)",
+             PROGRESS_DELAY_US)
+
+
+def agent_with_progress_delay(make_agent, delay_us: int):
+    """NIXL's agent constructor (nixlBind.nixlAgent, which nixl_agent calls with the config it
+    built), with the progress thread's poll timeout set first."""
+
+    @functools.wraps(make_agent)
+    def make(name, config):
+        config.pthrDelay = delay_us
+        return make_agent(name, config)
+
+    return make

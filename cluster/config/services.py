@@ -31,8 +31,9 @@ class KVTransferConfig(_Strict):
     # UCX transports for NIXL. tcp is required here: shared-memory-only UCX fails.
     ucx_tls: str = "tcp,self,sm"
     ucx_net_devices: Optional[str] = "lo"
-    # Tiny patch of vLLM's NIXL CPU path (kv_transfer/cpu_patch.py): stops an idle progress
-    # thread burning a core and the forward thread being moved off its bound core.
+    # Tiny patch of vLLM's NIXL CPU path (kv_transfer/cpu_patch.py): NIXL's progress thread
+    # sleeps between UCX events instead of spinning a core, and the forward thread stays on
+    # its bound core.
     cpu_patch: bool = True
     # The prefill's sampled token is streamed as the first token and decode continues after
     # it (kv_transfer/first_token.py); requests it cannot serve exactly take the plain path.

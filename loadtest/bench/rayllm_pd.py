@@ -6,8 +6,8 @@ and one decode engine, one core (or GPU) each, in a Ray instance of this process
 
 Tuning given to it that tandem's engines also get: each engine bound to its own core
 (VLLM_CPU_OMP_THREADS_BIND), UCX over TCP/shared memory, and vLLM's NIXL CPU-host fix that
-tandem's plugin applies (kv_transfer/cpu_patch.py: no busy progress thread, no thread moved
-to the other engine's core) — without it the prefill engine computes on decode's core.
+tandem's plugin applies (kv_transfer/cpu_patch.py: a progress thread that sleeps instead of
+spinning, no thread moved to the other engine's core) — without it the prefill engine computes on decode's core.
 """
 
 from __future__ import annotations

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
+import os
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -10,6 +12,8 @@ import pytest
 from cluster.config import KVTransferConfig
 from kv_transfer.handoff import HANDOFF_VERSION, EngineIdentity, Handoff, HandoffMismatch, prefill_request_params
 from kv_transfer.nixl import NixlEndpoint, claim_side_channel, kv_transfer_config, nixl_env
+
+ROOT = Path(__file__).resolve().parents[2]
 
 PARAMS = {"do_remote_prefill": True, "do_remote_decode": False, "remote_engine_id": "e1",
           "remote_block_ids": [1, 2], "remote_host": "127.0.0.1", "remote_port": 5601}
@@ -214,3 +218,45 @@ def test_prefill_stamps_the_lease_when_the_prefill_returns():
     handoff = result.handoff  # made and stamped by the prefill replica, with its engine's identity
     assert (handoff.producer, handoff.producer_id, handoff.params) == (M, "p", PARAMS)
     assert before + KV_LEASE_S - LEASE_MARGIN_S <= handoff.lease_deadline <= time.time() + KV_LEASE_S - LEASE_MARGIN_S
+
+
+def test_the_cpu_patch_gives_nixls_progress_thread_a_poll_timeout():
+    """NIXL's Python API builds every agent config with pthrDelay 0 (a progress thread that
+    spins a core); the patch sets its timeout on the config before the agent is made, and
+    keeps the thread, which a READ over UCX's TCP needs on its target
+    (`python -m kv_transfer.bench.progress`)."""
+    from nixl._api import nixlBind
+
+    from kv_transfer.cpu_patch import PROGRESS_DELAY_US, agent_with_progress_delay
+
+    made = []
+    config = nixlBind.nixlAgentConfig()
+    agent_with_progress_delay(lambda name, cfg: made.append((name, cfg.pthrDelay)), PROGRESS_DELAY_US)("a", config)
+    assert made == [("a", PROGRESS_DELAY_US)]
+
+
+def test_the_cpu_patch_applies_where_vllms_nixl_worker_makes_its_agent():
+    """In a fresh process (the patch is process-wide), as vLLM's EngineCore loads it: the agent
+    constructor vLLM's NIXL worker reaches is wrapped, its config keeps the progress thread,
+    and an agent made the way vLLM makes one (num_threads 4) starts."""
+    import subprocess
+    import sys
+    import textwrap
+
+    script = textwrap.dedent("""
+        import importlib
+        from kv_transfer import cpu_patch
+        cpu_patch.apply()
+        from vllm.distributed.kv_transfer.kv_connector.v1.nixl import base_worker
+        bindings = importlib.import_module(base_worker.NixlWrapper.__module__).nixlBind
+        assert bindings.nixlAgent.__wrapped__ is not None
+        config = base_worker.nixl_agent_config(num_threads=4, capture_telemetry=True)
+        assert config.enable_pthread
+        agent = base_worker.NixlWrapper("patched", config)
+        print("ok", type(agent).__name__)
+    """)
+    env = {**os.environ, "UCX_TLS": "tcp,self,sm", "UCX_NET_DEVICES": "lo"}
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, env=env,
+                          cwd=str(ROOT))
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.strip().endswith("ok nixl_agent")

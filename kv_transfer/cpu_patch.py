@@ -5,7 +5,7 @@ CPU ~92% → 0%, TTFT -35..50%, transfers unchanged):
 
 1. NIXL's progress thread polls UCX with a zero timeout and burns a whole core per engine,
    even when idle: NIXL's Python API hard-codes the thread's poll timeout (`pthrDelay`) to 0.
-   We give it PROGRESS_DELAY_US instead, so the thread sleeps in poll() on the UCX workers'
+   We give it kv_transfer.nixl_progress_poll_ms (10 ms) instead, so the thread sleeps in poll() on the UCX workers'
    event fds and wakes when UCX has work. The thread must stay: over UCX's TCP transport a
    READ completes only while the *target* progresses (`python -m kv_transfer.bench.progress`,
    bench/results/progress_thread.json: a 12 MiB READ stalls > 5 s with no progress thread on
@@ -32,9 +32,11 @@ import os
 # Under "vllm." so the message goes through vLLM's own log handler in its child processes.
 log = logging.getLogger("vllm.tandem_nixl_cpu_patch")
 ENV_FLAG = "TANDEM_NIXL_CPU_PATCH"
-# The progress thread's poll() timeout: a bound on a lost wake-up (NIXL's own comment: UCX's
-# event fd may miss some events), not a delay on work, which wakes the thread at once.
-PROGRESS_DELAY_US = 10_000
+# The progress thread's poll() timeout in µs, or "off" (no thread), from the config's
+# kv_transfer.nixl_progress_poll_ms (kv_transfer/nixl.py sets it for the engine's processes).
+# A bound on a lost wake-up (NIXL's own comment: UCX's event fd may miss some events), not a
+# delay on work, which wakes the thread at once.
+PROGRESS_POLL_ENV = "TANDEM_NIXL_PROGRESS_POLL_US"
 _applied = False
 
 
@@ -44,9 +46,15 @@ def apply() -> None:
         return
     from vllm.distributed.kv_transfer.kv_connector.v1.nixl import base_worker
 
-    if base_worker.nixl_agent_config is not None:
+    poll = os.environ.get(PROGRESS_POLL_ENV)
+    if poll is None:
+        raise RuntimeError(f"{ENV_FLAG}=1 needs {PROGRESS_POLL_ENV} (microseconds or 'off'): "
+                           "kv_transfer/nixl.py nixl_env sets both from the config")
+    if base_worker.nixl_agent_config is not None and poll == "off":
+        base_worker.nixl_agent_config = functools.partial(base_worker.nixl_agent_config, enable_prog_thread=False)
+    elif base_worker.nixl_agent_config is not None:
         bindings = importlib.import_module(base_worker.NixlWrapper.__module__).nixlBind
-        bindings.nixlAgent = agent_with_progress_delay(bindings.nixlAgent, PROGRESS_DELAY_US)
+        bindings.nixlAgent = agent_with_progress_delay(bindings.nixlAgent, int(poll))
 
     worker_cls = base_worker.NixlBaseConnectorWorker
     original_init = worker_cls.__init__
@@ -61,8 +69,7 @@ def apply() -> None:
 
     worker_cls.__init__ = init_keeping_affinity
     _applied = True
-    log.info("tandem: NIXL CPU patch applied (progress thread sleeps up to %d us, OMP core binding kept)",
-             PROGRESS_DELAY_US)
+    log.info("tandem: NIXL CPU patch applied (progress thread poll timeout: %s us, OMP core binding kept)", poll)
 
 
 def agent_with_progress_delay(make_agent, delay_us: int):

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, Optional
 
 from cluster.config import KVTransferConfig
+from kv_transfer.cpu_patch import PROGRESS_POLL_ENV
 from kv_transfer.handoff import KV_LEASE_S
 
 # vLLM's NixlConnector, capped to pull no more than the prefill computed (connector.py). A
@@ -91,4 +92,6 @@ def nixl_env(cfg: KVTransferConfig, endpoint: NixlEndpoint, on_gpu: bool) -> dic
         env["UCX_NET_DEVICES"] = cfg.ucx_net_devices
     if cfg.cpu_patch and not on_gpu:
         env["TANDEM_NIXL_CPU_PATCH"] = "1"
+        poll = cfg.nixl_progress_poll_ms
+        env[PROGRESS_POLL_ENV] = "off" if poll is None else str(poll * 1000)
     return env

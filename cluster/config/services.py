@@ -35,6 +35,10 @@ class KVTransferConfig(_Strict):
     # sleeps between UCX events instead of spinning a core, and the forward thread stays on
     # its bound core.
     cpu_patch: bool = True
+    # With cpu_patch: the progress thread's poll timeout, a bound on a missed UCX wake-up
+    # (work wakes it at once). None: no progress thread, so a prefill engine serves a pull only
+    # between its own steps (what tandem ran until 2026-12-03; kv_transfer/README.md).
+    nixl_progress_poll_ms: Optional[int] = Field(10, gt=0, le=1000)
     # The prefill's sampled token is streamed as the first token and decode continues after
     # it (kv_transfer/first_token.py); requests it cannot serve exactly take the plain path.
     first_token_reuse: bool = True

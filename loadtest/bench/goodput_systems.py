@@ -10,6 +10,9 @@ yields the URLs the load goes to and stops everything on exit.
                     run whole on the prefill engine (routing.whole_on_prefill_when_decode_full)
   tandem-noreuse    tandem-adaptive with the decode engine's first token streamed as the first
                     (kv_transfer.first_token_reuse: false): no handoff gap after the first token
+  tandem-noprog     tandem-adaptive without NIXL's progress thread (kv_transfer.
+                    nixl_progress_poll_ms: null): a pull progresses on the prefill engine only
+                    between its steps, as tandem ran until 2026-12-03
   tandem-always     the same, every request prefilled remotely (disaggregation: always)
   colocated-mbt<N>  two plain vLLM api_servers, one core each, round-robin, chunked prefill
                     with max_num_batched_tokens N (one system per N of the sweep)
@@ -33,7 +36,7 @@ TANDEM_METRICS_PORT = 8080  # the local Ray's metrics export (the decider's verd
 TANDEM_METRICS_URL = f"http://127.0.0.1:{TANDEM_METRICS_PORT}/metrics"
 DIRECT_PORTS = (8101, 8102)
 RAYLLM_PORT = 8200
-NAMES = ("tandem-adaptive", "tandem-decode-full", "tandem-noreuse", "tandem-whole", "tandem-always", "colocated", "single",
+NAMES = ("tandem-adaptive", "tandem-decode-full", "tandem-noreuse", "tandem-noprog", "tandem-whole", "tandem-always", "colocated", "single",
          "rayllm-pd")
 WHOLE_MAX_TOKENS = 16  # tandem-whole's routing.whole_on_prefill_max_tokens: the prefill-heavy answers (8) fit
 
@@ -46,6 +49,7 @@ class System:
     whole_on_prefill_max_tokens: int = 0  # tandem only
     whole_when_decode_full: bool = False  # tandem only
     first_token_reuse: bool = True  # tandem only
+    nixl_progress_thread: bool = True  # tandem only
     engines: int = 2  # direct only: 2 colocated, 1 on both cores
     max_num_batched_tokens: Optional[int] = None  # None: the run's --max-num-batched-tokens
 
@@ -62,6 +66,8 @@ def systems_of(names: list[str], colocated_sweep: list[int]) -> list[System]:
                 out.append(System(name, "tandem", whole_when_decode_full=True))
             elif mode == "noreuse":
                 out.append(System(name, "tandem", first_token_reuse=False))
+            elif mode == "noprog":
+                out.append(System(name, "tandem", nixl_progress_thread=False))
             else:
                 out.append(System(name, "tandem", disaggregation=mode))
         elif name == "colocated":
@@ -100,7 +106,8 @@ def tandem_config(args, gpu: bool, system: System, objective: Objective) -> Clus
         "routing": {"disaggregation": system.disaggregation,
                     "whole_on_prefill_max_tokens": system.whole_on_prefill_max_tokens,
                     "whole_on_prefill_when_decode_full": system.whole_when_decode_full},
-        "kv_transfer": {"first_token_reuse": system.first_token_reuse},
+        "kv_transfer": {"first_token_reuse": system.first_token_reuse,
+                        **({} if system.nixl_progress_thread else {"nixl_progress_poll_ms": None})},
         "ray": {"num_cpus": None if gpu else 2, "metrics_export_port": TANDEM_METRICS_PORT},
     })
 

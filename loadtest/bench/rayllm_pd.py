@@ -17,6 +17,10 @@ from typing import Callable
 
 import httpx
 
+from cluster.config import KVTransferConfig
+from kv_transfer.cpu_patch import PROGRESS_POLL_ENV
+from kv_transfer.nixl import NixlEndpoint, nixl_env
+
 APP_NAME = "rayllm-pd"
 
 
@@ -27,7 +31,9 @@ def llm_config(args, gpu: bool, device: str) -> dict:
         bundles = [{"GPU": 1, "CPU": 1}]
     else:
         bundles = [{"CPU": 1}]
-        env.update(VLLM_CPU_OMP_THREADS_BIND=device, TANDEM_NIXL_CPU_PATCH="1")
+        patch_env = nixl_env(KVTransferConfig(), NixlEndpoint("127.0.0.1", 0), on_gpu=False)  # the same patch values
+        env.update(VLLM_CPU_OMP_THREADS_BIND=device, TANDEM_NIXL_CPU_PATCH=patch_env["TANDEM_NIXL_CPU_PATCH"],
+                   **{PROGRESS_POLL_ENV: patch_env[PROGRESS_POLL_ENV]})
     return {
         "model_loading_config": {"model_id": args.model.name, "model_source": str(args.model)},
         "engine_kwargs": {

@@ -227,12 +227,16 @@ def test_the_cpu_patch_gives_nixls_progress_thread_a_poll_timeout():
     (`python -m kv_transfer.bench.progress`)."""
     from nixl._api import nixlBind
 
-    from kv_transfer.cpu_patch import PROGRESS_DELAY_US, agent_with_progress_delay
+    from kv_transfer.cpu_patch import PROGRESS_POLL_ENV, agent_with_progress_delay
 
     made = []
     config = nixlBind.nixlAgentConfig()
-    agent_with_progress_delay(lambda name, cfg: made.append((name, cfg.pthrDelay)), PROGRESS_DELAY_US)("a", config)
-    assert made == [("a", PROGRESS_DELAY_US)]
+    agent_with_progress_delay(lambda name, cfg: made.append((name, cfg.pthrDelay)), 10_000)("a", config)
+    assert made == [("a", 10_000)]
+    # The config's value reaches the engine's processes; null turns the thread off.
+    endpoint = NixlEndpoint("127.0.0.1", 5123)
+    assert nixl_env(KVTransferConfig(), endpoint, on_gpu=False)[PROGRESS_POLL_ENV] == "10000"
+    assert nixl_env(KVTransferConfig(nixl_progress_poll_ms=None), endpoint, on_gpu=False)[PROGRESS_POLL_ENV] == "off"
 
 
 def test_the_cpu_patch_applies_where_vllms_nixl_worker_makes_its_agent():
@@ -255,7 +259,7 @@ def test_the_cpu_patch_applies_where_vllms_nixl_worker_makes_its_agent():
         agent = base_worker.NixlWrapper("patched", config)
         print("ok", type(agent).__name__)
     """)
-    env = {**os.environ, "UCX_TLS": "tcp,self,sm", "UCX_NET_DEVICES": "lo"}
+    env = {**os.environ, "UCX_TLS": "tcp,self,sm", "UCX_NET_DEVICES": "lo", "TANDEM_NIXL_PROGRESS_POLL_US": "10000"}
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, env=env,
                           cwd=str(ROOT))
     assert done.returncode == 0, done.stderr[-3000:]

@@ -5,13 +5,13 @@ CPU ~92% → 0%, TTFT -35..50%, transfers unchanged):
 
 1. NIXL's progress thread polls UCX with a zero timeout and burns a whole core per engine,
    even when idle: NIXL's Python API hard-codes the thread's poll timeout (`pthrDelay`) to 0.
-   We give it kv_transfer.nixl_progress_poll_ms (10 ms) instead, so the thread sleeps in poll() on the UCX workers'
-   event fds and wakes when UCX has work. The thread must stay: over UCX's TCP transport a
-   READ completes only while the *target* progresses (`python -m kv_transfer.bench.progress`,
-   bench/results/progress_thread.json: a 12 MiB READ stalls > 5 s with no progress thread on
-   the target, takes 4-6 ms with one, which idles at 0.3-1% of a core with a 10-100 ms timeout
-   and at 100% with 0). Without the thread (tandem until
-   2026-12-03) a prefill engine progressed its outgoing transfers only between its own steps,
+   We give it kv_transfer.nixl_progress_poll_ms (10 ms) instead, so the thread sleeps in
+   poll() on the UCX workers' event fds and wakes when UCX has work. The thread must stay:
+   over UCX's TCP transport a READ completes only while the *target* progresses
+   (`python -m kv_transfer.bench.progress`, bench/results/progress_thread.json: a 12 MiB READ
+   stalls > 5 s with no progress thread on the target, takes 4-6 ms with one, which idles at
+   0.3-1% of a core with a 10-100 ms timeout and at 100% with 0). Without the thread (tandem
+   until 2026-12-03) a prefill engine progressed its outgoing transfers only between its own steps,
    so under load a handoff waited out whole prefill steps (0.5-0.7 s on a 2-core EPYC).
 2. The NIXL worker pins the thread that runs the forward pass to the last core of each NUMA
    node, ignoring VLLM_CPU_OMP_THREADS_BIND, so a prefill engine computes on decode's core.
@@ -50,11 +50,12 @@ def apply() -> None:
     if poll is None:
         raise RuntimeError(f"{ENV_FLAG}=1 needs {PROGRESS_POLL_ENV} (microseconds or 'off'): "
                            "kv_transfer/nixl.py nixl_env sets both from the config")
-    if base_worker.nixl_agent_config is not None and poll == "off":
-        base_worker.nixl_agent_config = functools.partial(base_worker.nixl_agent_config, enable_prog_thread=False)
-    elif base_worker.nixl_agent_config is not None:
-        bindings = importlib.import_module(base_worker.NixlWrapper.__module__).nixlBind
-        bindings.nixlAgent = agent_with_progress_delay(bindings.nixlAgent, int(poll))
+    if base_worker.nixl_agent_config is not None:  # None: vLLM found no NIXL
+        if poll == "off":
+            base_worker.nixl_agent_config = functools.partial(base_worker.nixl_agent_config, enable_prog_thread=False)
+        else:
+            bindings = importlib.import_module(base_worker.NixlWrapper.__module__).nixlBind
+            bindings.nixlAgent = agent_with_progress_delay(bindings.nixlAgent, int(poll))
 
     worker_cls = base_worker.NixlBaseConnectorWorker
     original_init = worker_cls.__init__

@@ -22,12 +22,19 @@ proves equality with the hashes a real engine publishes.
 from __future__ import annotations
 
 import hashlib
+import os
 import pickle
 from dataclasses import dataclass
 from typing import Optional, Sequence, Union
 
 DEFAULT_SEED = "vllm-none-hash"
 _MASK64 = (1 << 64) - 1
+
+
+def engine_hash_seed() -> str:
+    """The NONE_HASH seed of an engine started in this process's environment: vLLM seeds its
+    first block hash from PYTHONHASHSEED when the engine process has it."""
+    return os.environ.get("PYTHONHASHSEED", DEFAULT_SEED)
 
 
 def _sha256(obj: object) -> bytes:

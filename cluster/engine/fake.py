@@ -38,7 +38,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
-import os
 import time
 from collections import deque
 from dataclasses import dataclass
@@ -49,7 +48,7 @@ from cluster.engine.base import CacheLayout, Engine, EngineInfo, EngineSpec, KVE
 from cluster.engine.fake_kv_events import KVEventPublisher, block_stored
 from cluster.engine.metrics import ITL_COUNT, ITL_SUM, KV_TRANSFERS, EngineStats, Readings
 from cluster.protocol import EngineRequest, PrefillResult
-from router.hashing import DEFAULT_SEED, BlockHasher
+from router.hashing import BlockHasher, engine_hash_seed
 
 _SOURCE = "vllm:prompt_tokens_by_source_total"
 FIRST_TOKEN_ID = 5  # below: the tiny model's special tokens
@@ -121,8 +120,7 @@ class _KVEvents:
     """The BlockStored events of the blocks first cached here, published as vLLM publishes them."""
 
     def __init__(self, host: str, block_size: int):
-        # vLLM seeds its first block hash from PYTHONHASHSEED when the engine process has it.
-        self.seed = os.environ.get("PYTHONHASHSEED", DEFAULT_SEED)
+        self.seed = engine_hash_seed()
         self._hasher = BlockHasher(block_size, self.seed)
         self._block_size = block_size
         self._publisher = KVEventPublisher(host)

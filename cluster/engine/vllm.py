@@ -21,6 +21,7 @@ from cluster.protocol import EngineRequest, InvalidEngineRequest, PrefillResult,
 from kv_transfer.handoff import prefill_request_params
 from cluster.vllm_plugin import ENGINE_NICE
 from kv_transfer.nixl import kv_transfer_config, nixl_env
+from router.hashing import engine_hash_seed
 
 log = logging.getLogger(__name__)
 
@@ -239,8 +240,7 @@ class VLLMEngine(Engine):
     def _cache_layout(self) -> CacheLayout:
         cache = self._llm.vllm_config.cache_config
         return CacheLayout(block_size=cache.block_size, hash_algo=cache.prefix_caching_hash_algo,
-                           # vLLM seeds its first block hash from PYTHONHASHSEED when the EngineCore has it.
-                           hash_seed=os.environ.get("PYTHONHASHSEED", "vllm-none-hash"))
+                           hash_seed=engine_hash_seed())
 
     def check_alive(self) -> None:
         if self._llm.errored:

@@ -66,7 +66,7 @@ def build_app(cfg: ClusterConfig, engine_cls: Optional["EngineFactory"] = None) 
     # without it. No import circle depends on it (tests/unit/test_import_graph.py).
     from decode_workers.deployment import DecodeWorker
     from prefill_workers.deployment import PrefillWorker
-    from router.gateway import Gateway
+    from router.gateway import Gateway, ServeIngressGateway
 
     if engine_cls is None:
         from cluster.engine.vllm import VLLMEngine
@@ -86,4 +86,12 @@ def build_app(cfg: ClusterConfig, engine_cls: Optional["EngineFactory"] = None) 
     # Room for every tier's admitted and queued requests (router/admission.py), plus probes.
     admitted = sum(t.admission.max_running + t.admission.max_queued for t in cfg.tiers.values())
     ongoing = max(1000, admitted + 100)
-    return Gateway.options(max_ongoing_requests=ongoing, max_queued_requests=ongoing).bind(cfg, pools)
+    gateway = Gateway if cfg.gateway.ingress == "direct" else ServeIngressGateway
+    return gateway.options(num_replicas=cfg.gateway.replicas, max_ongoing_requests=ongoing,
+                           max_queued_requests=ongoing).bind(cfg, pools)
+
+
+def proxy_location(cfg: ClusterConfig) -> str:
+    """Where Serve runs its HTTP proxy: nowhere when the gateway serves HTTP itself (it takes
+    the proxy's host and port), else on the head node only (one gateway address)."""
+    return "Disabled" if cfg.gateway.ingress == "direct" else "HeadOnly"

@@ -122,7 +122,7 @@ class LocalCluster:
         import ray
         from ray import serve
 
-        from cluster.app import build_app
+        from cluster.app import build_app, proxy_location
         from cluster.types import APP_NAME
 
         if not ray.is_initialized():
@@ -145,9 +145,10 @@ class LocalCluster:
                 raise RuntimeError(f"Ray's node address is {node_ip}, not loopback: its ports would listen "
                                    "on every interface")
         serve.start(
-            # One gateway address: a proxy per node would collide on the port when several Ray
-            # nodes share a machine (the two-node integration test), and k8s uses the chart.
-            proxy_location="HeadOnly",
+            # No proxy when the gateway serves HTTP itself; else one gateway address: a proxy per
+            # node would collide on the port when several Ray nodes share a machine (the
+            # two-node integration test), and k8s uses the chart.
+            proxy_location=proxy_location(self.cfg),
             http_options={"host": self.cfg.gateway.host, "port": self.cfg.gateway.port},
             logging_config={"log_level": "WARNING"},
         )

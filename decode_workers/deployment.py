@@ -16,6 +16,7 @@ from cluster.engine.replica import EngineFactory, EngineReplica, build_engine_sp
 from cluster.serve_patch import bind_replica_grpc_on_node_address
 from cluster.protocol import EngineRequest
 from cluster.metrics import Counter
+from cluster.engine.outbox import Outboxes, WrongReplica
 from kv_transfer.handoff import Handoff, HandoffExpired, HandoffMismatch
 
 log = logging.getLogger(__name__)
@@ -33,6 +34,8 @@ class DecodeWorker(EngineReplica):
         bind_replica_grpc_on_node_address()
         self.tier = tier
         self.start_engine(engine_cls(build_engine_spec(cfg, tier, "kv_consumer")), tier)
+        # Each gateway's streams leave this replica as one Ray item per step (cluster/engine/outbox.py).
+        self.outboxes = Outboxes(self.engine.merge_outputs)
 
     def kv_params(self, request: EngineRequest, handoff: Optional[Handoff]) -> Optional[dict[str, Any]]:
         """vLLM's kv_transfer_params from the handoff, when this engine can pull them; None:
@@ -56,3 +59,34 @@ class DecodeWorker(EngineReplica):
         # Tokens that pile up while the gateway is busy go out as one Ray item (cluster/coalesce.py).
         async for chunk in coalesced(self.engine.generate(request, params), self.engine.merge_outputs):
             yield chunk
+
+    async def run(self, request: EngineRequest, handoff: Optional[Handoff], gateway: str) -> AsyncIterator[str]:
+        """The request's own Serve call (its queue place, pin, cancellation): yields this
+        replica's worker id once accepted, then runs the engine stream, whose outputs go out
+        through `gateway`'s subscription (cluster/engine/outbox.py). Cancelled (the client
+        left), it closes the engine stream, which aborts the request in the engine."""
+        params = self.kv_params(request, handoff)
+        box = self.outboxes.open(gateway)
+        box.start(request.request_id)
+        error: Optional[BaseException] = None
+        try:
+            yield self.info.worker_id
+            async for output in self.engine.generate(request, params):
+                box.put(request.request_id, output)
+        except Exception as exc:
+            error = exc
+            raise
+        finally:
+            box.end(request.request_id, error)
+
+    async def subscribe(self, gateway: str, worker_id: str) -> AsyncIterator[list]:
+        """`gateway`'s outputs from this replica, a batch per item (cluster/engine/outbox.py);
+        refused when Serve routed it to another replica than the one asked for."""
+        if worker_id != self.info.worker_id:
+            raise WrongReplica(f"subscription for {worker_id} reached {self.info.worker_id}")
+        async for batch in self.outboxes.subscribe(gateway):
+            yield batch
+
+    def record_routing_stats(self) -> dict:
+        self.outboxes.reap()  # Serve calls this every second: the outboxes' clock
+        return super().record_routing_stats()

@@ -1,12 +1,17 @@
-"""The gateway: Ray Serve's HTTP ingress. vLLM's own OpenAI app (router/openai/app.py) over
-tandem's engine client, which drives each request through admission, metrics and the pools
-(DisaggregatedBackend). It holds no engine, so it asks Ray for no CPU (on 2 cores, a CPU for
-it would leave an engine replica pending).
+"""The gateway: the cluster's HTTP entry, a Ray Serve deployment. vLLM's own OpenAI app
+(router/openai/app.py) over tandem's engine client, which drives each request through
+admission, metrics and the pools (DisaggregatedBackend). It holds no engine, so it asks Ray for
+no CPU (on 2 cores, a CPU for it would leave an engine replica pending).
+
+Two ingresses, one body (GatewayReplica), chosen by `gateway.ingress` in cluster/app.py:
+`Gateway` (direct, the default) serves HTTP from the replica itself; `ServeIngressGateway`
+is Serve's ingress behind its HTTP proxy.
 
 Lifecycle: __init__ builds the served model's VllmConfig (config + tokenizer, no weights) and
-the backend chain; Serve then calls `__serve_build_asgi_app__` once (vLLM's app state is
-async to build), `check_health` periodically (the first call starts the NIXL handshake
-warmer), and `__del__` on teardown closes what holds threads and connections (`close_gateway`).
+the backend chain, and (direct) starts the HTTP server; Serve's ingress instead calls
+`__serve_build_asgi_app__` once. Serve then calls `check_health` periodically (the first call
+starts the NIXL handshake warmer), and `__del__` on teardown stops the server and closes what
+holds threads and connections (`close_gateway`).
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ from router.auth import ApiKeyAuth
 from router.disagg import DisaggregatedBackend
 from router.openai.app import build_openai_app, vllm_config_of, vllm_server_args
 from router.openai.engine_client import PDEngineClient
+from router.openai.server import GatewayServer
 from router.prewarm import HandshakeWarmer
 from router.ratelimit import RateLimiter
 from router.ratelimit_shared import SharedRateLimiter, rate_limiter_from_config
@@ -36,9 +42,9 @@ from router.routing.service import KVRouter
 log = logging.getLogger(__name__)
 
 
-@serve.deployment(name="Gateway", ray_actor_options={"num_cpus": 0})
-@serve.ingress()
-class Gateway:
+class GatewayReplica:
+    """What every gateway replica holds, whichever ingress serves its HTTP app."""
+
     def __init__(self, cfg: ClusterConfig, pools: dict[str, TierPools]):
         bind_replica_grpc_on_node_address()  # loopback on a local cluster (cluster/serve_patch.py)
         self.cfg = cfg
@@ -79,7 +85,7 @@ class Gateway:
         the handshake warmer (idempotent)."""
         self.warmer.start()
 
-    async def __serve_build_asgi_app__(self):
+    async def build_http_app(self):
         # No /metrics here: metrics are Ray metrics, on each Ray node's metrics port, never
         # on the public API port (cluster/metrics.py).
         gw = self.cfg.gateway
@@ -92,10 +98,38 @@ class Gateway:
         )
         return HttpMetricsMiddleware(app)
 
+    async def close(self) -> None:
+        await close_gateway(self.warmer, self.router, self.rate_limits, self.engine_client)
+
+
+@serve.deployment(name="Gateway", ray_actor_options={"num_cpus": 0})
+class Gateway(GatewayReplica):
+    """`gateway.ingress: direct`: the replica serves HTTP itself (router/openai/server.py);
+    Serve runs no HTTP proxy. Serve awaits an async __init__ on the replica's event loop."""
+
+    async def __init__(self, cfg: ClusterConfig, pools: dict[str, TierPools]):  # type: ignore[misc]
+        super().__init__(cfg, pools)
+        self.server = await GatewayServer.start(await self.build_http_app(), cfg.gateway.host, cfg.gateway.port)
+
     async def __del__(self):
         """Serve's teardown, awaited by Serve on replica shutdown (ray/serve/_private/replica.py
-        accepts an async __del__)."""
-        await close_gateway(self.warmer, self.router, self.rate_limits, self.engine_client)
+        accepts an async __del__): the listening socket first, so no new request arrives."""
+        server = getattr(self, "server", None)
+        if server is not None:
+            await server.stop()
+        await self.close()
+
+
+@serve.deployment(name="Gateway", ray_actor_options={"num_cpus": 0})
+@serve.ingress()
+class ServeIngressGateway(GatewayReplica):
+    """`gateway.ingress: serve`: Serve's HTTP proxy relays every request and chunk to the replica."""
+
+    async def __serve_build_asgi_app__(self):
+        return await self.build_http_app()
+
+    async def __del__(self):
+        await self.close()
 
 
 async def close_gateway(warmer: HandshakeWarmer, router: KVRouter, rate_limits: RateLimiter | SharedRateLimiter,

@@ -54,6 +54,14 @@ class KVTransferConfig(_Strict):
 class GatewayConfig(_Strict):
     host: str = "127.0.0.1"
     port: int = Field(8000, ge=1, le=65535)
+    ingress: Literal["direct", "serve"] = Field(
+        "direct", description="Who serves HTTP: each gateway replica itself on host:port (direct; Serve runs no "
+                              "HTTP proxy), or Serve's HTTP proxy relaying every chunk to the replica over Ray "
+                              "(serve; ~2x the CPU per streamed token, loadtest/bench/RESULTS.md).")
+    replicas: int = Field(1, ge=1, description="Gateway replicas. With ingress direct, replicas on one node share "
+                                               "the port (SO_REUSEPORT). Each holds its own admission places, "
+                                               "load ledger and (unless auth.rate_limit_store is redis) rate "
+                                               "limits: the tier's limits apply per replica.")
     max_body_bytes: ByteSize = Field(4 * MiB, ge=1024)
     body_read_timeout_s: float = Field(10.0, gt=0, description="A request body not received within this is a 408: "
                                                                "a slow sender must not hold a gateway slot.")

@@ -29,6 +29,8 @@ Behaviour:
   fails, engine dead). Engine-wide from the constructor (functools.partial(FakeEngine,
   knobs=...) as the app's engine_cls), or per request from the request's
   SamplingParams.extra_args (`vllm_xargs` in an OpenAI request) under the names in KNOB_ARGS.
+- Steps: streams of one token pace advance together, one step per pace interval (StepClock),
+  as a GPU engine's running batch does.
 - Outputs: FakeOutput DELTAs (one token each, its text the token id and a space), merged by
   `merge_outputs` when the replica coalesces them.
 """
@@ -38,6 +40,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import math
 import time
 from collections import deque
 from dataclasses import dataclass
@@ -150,6 +153,35 @@ def _vocab_size(spec: EngineSpec) -> int:
         return 256
 
 
+class StepClock:
+    """The steps of an engine that runs every stream of one pace together, as vLLM's scheduler
+    does (one forward pass, one token for each running sequence): each stream waits for the
+    next step boundary, and all of them wake in the same turn of the event loop, from one timer.
+    So the replica sees what a GPU engine gives it, a burst of outputs per step, and the fake
+    costs one timer per step, not one per token."""
+
+    def __init__(self, step_s: float):
+        self.step_s = step_s
+        self._waiters: list[asyncio.Future] = []
+        self._timer: Optional[asyncio.TimerHandle] = None
+        self._last = 0.0  # the last boundary fired: asyncio may fire a timer up to its clock resolution early
+
+    def next_step(self) -> asyncio.Future:
+        loop = asyncio.get_running_loop()
+        step = loop.create_future()
+        self._waiters.append(step)
+        if self._timer is None:
+            at = max((math.floor(loop.time() / self.step_s) + 1) * self.step_s, self._last + self.step_s)
+            self._timer = loop.call_at(at, self._fire, at)
+        return step
+
+    def _fire(self, at: float) -> None:
+        waiters, self._waiters, self._timer, self._last = self._waiters, [], None, at
+        for step in waiters:
+            if not step.done():  # an abort may have ended its wait already
+                step.set_result(None)
+
+
 class FakeEngine(Engine):
     def __init__(self, spec: EngineSpec, knobs: FakeKnobs = FakeKnobs()):
         super().__init__(spec)
@@ -158,6 +190,8 @@ class FakeEngine(Engine):
         self._vocab = _vocab_size(spec)
         self._values: Readings = {}
         self._running: dict[str, asyncio.Event] = {}  # request id → set on abort
+        self._clocks: dict[float, StepClock] = {}  # token pace → the steps of streams at that pace
+        self._waiting: dict[str, asyncio.Future] = {}  # request id → the step its stream waits for
         self._ids = {name: deque(maxlen=RECENT) for name in ("seen", "pulled", "recomputed", "aborted", "cancelled")}
         self._closed = False
         self._kv_events: Optional[_KVEvents] = None
@@ -252,10 +286,10 @@ class FakeEngine(Engine):
             limit = request.sampling.max_tokens or 16
             for i in range(limit):
                 if knobs.token_s:
-                    try:  # a token's wait ends early on abort
-                        await asyncio.wait_for(aborted.wait(), knobs.token_s)
-                    except asyncio.TimeoutError:
-                        pass
+                    step = self._clocks.setdefault(knobs.token_s, StepClock(knobs.token_s)).next_step()
+                    self._waiting[rid] = step  # abort ends the wait early
+                    await step
+                    self._waiting.pop(rid, None)
                 else:
                     await asyncio.sleep(0)
                 if aborted.is_set():
@@ -279,6 +313,7 @@ class FakeEngine(Engine):
             if not done and not aborted.is_set():
                 self._ids["cancelled"].append(rid)
             self._running.pop(rid, None)
+            self._waiting.pop(rid, None)
             self._set_running()
 
     def _cached(self, request: EngineRequest) -> None:
@@ -290,6 +325,9 @@ class FakeEngine(Engine):
         event = self._running.get(request_id)
         if event is not None:
             event.set()
+        step = self._waiting.pop(request_id, None)
+        if step is not None and not step.done():
+            step.set_result(None)
 
     def _output(self, request_id: str, token_ids: list[int], finish_reason: Optional[str]) -> FakeOutput:
         return FakeOutput(request_id, tuple(token_ids), finish_reason)

@@ -93,7 +93,7 @@ def serve_session(tiny_model_dir):
     import ray
     from ray import serve
 
-    from cluster.app import build_app
+    from cluster.app import build_app, proxy_location
     from cluster.types import APP_NAME
     from cluster.engine.fake import FakeEngine
 
@@ -122,7 +122,7 @@ def serve_session(tiny_model_dir):
         # starts); with one, each worker starts through Ray's setup_worker.py first (~0.7 s of CPU).
         ray.init(num_cpus=2, include_dashboard=False, _node_ip_address="127.0.0.1",
                  _metrics_export_port=cfg.ray.metrics_export_port, logging_level="warning")
-        serve.start(proxy_location="HeadOnly", http_options={"host": "127.0.0.1", "port": cfg.gateway.port},
+        serve.start(proxy_location=proxy_location(cfg), http_options={"host": "127.0.0.1", "port": cfg.gateway.port},
                     logging_config={"log_level": "WARNING"})
         yield pool.submit(deploy, building)
     finally:

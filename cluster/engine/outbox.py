@@ -1,0 +1,153 @@
+"""Many streams, one Ray stream: a decode replica's outputs for one gateway, sent per step.
+
+Why: a Ray streaming item costs both processes a fixed ~0.2-0.4 ms of CPU (serialize, report,
+ack, a thread hop each side), whatever it carries. One item per token per request made the
+relay, not the engine, the limit at GPU token rates (issue 27). vLLM's own engine core sends
+its frontend one message per step for all requests; this does the same across Ray: every
+request a gateway runs on this replica puts its outputs in that gateway's `Outbox`, and one
+long-lived streaming call per (gateway, replica), `subscribe`, takes everything there each
+time it asks, as one item. Nothing waits for a later output: a lone token goes alone.
+
+Lifecycle of one request (decode_workers/deployment.py `run`, a Serve streaming call of its
+own, so Serve's queue bounds, pinning, cancellation and ongoing-request counts still hold per
+request): `Outboxes.open(gateway)` → `outbox.put(request_id, output)` per engine output →
+`outbox.end(request_id)` (or `fail`) once. The gateway reads `(request_id, output)` pairs;
+an `END` output ends that request's stream, a `Failed` one raises its error there.
+
+Lifecycle of a subscription: the gateway calls `subscribe(gateway)` when it first needs this
+replica; it yields batches until the outbox has been idle (no request running, nothing
+buffered) for `idle_close_s`, then ends, so a replica Serve drains is not held by it; the
+gateway opens a new one on its next request. An outbox whose gateway has not subscribed for
+`orphan_s` while requests run there is orphaned (the gateway died): its requests are
+cancelled and it is dropped (`Outboxes.reap`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any, AsyncIterator, Callable, Optional, Sequence
+
+END = "__tandem_end__"  # the output that ends one request's stream on the gateway
+
+
+class Failed:
+    """The output that ends one request's stream with the engine's error (raised on the gateway)."""
+
+    def __init__(self, error: BaseException):
+        self.error = error
+
+    def __reduce__(self):
+        return (Failed, (self.error,))
+
+Merge = Callable[[Sequence[Any]], Any]
+
+
+class WrongReplica(RuntimeError):
+    """A subscription that Serve routed to another replica than the one named (it was full or gone)."""
+
+
+class Outbox:
+    def __init__(self, gateway: str, merge: Merge):
+        self.gateway = gateway
+        self._merge = merge
+        self._buffer: list[tuple[str, Any]] = []
+        self._ready = asyncio.Event()
+        self.running: dict[str, asyncio.Task] = {}  # request id → the task running it here
+        self.subscribed = False
+        self.last_seen = time.monotonic()  # last time a subscriber was attached, or a request began
+
+    def start(self, request_id: str) -> None:
+        task = asyncio.current_task()
+        assert task is not None, "Outbox.start runs inside the request's task"
+        self.running[request_id] = task
+        self.last_seen = time.monotonic()
+
+    def put(self, request_id: str, output: Any) -> None:
+        self._buffer.append((request_id, output))
+        self._ready.set()
+
+    def end(self, request_id: str, error: Optional[BaseException] = None) -> None:
+        """The request is over on this replica: its END (finished or cancelled) or its error
+        goes out after its outputs, so the gateway's reader stops, or raises it."""
+        if self.running.pop(request_id, None) is not None:
+            self.put(request_id, END if error is None else Failed(error))
+
+    def take(self) -> list[tuple[str, Any]]:
+        """Everything buffered, one entry per request in first-seen order, its outputs merged
+        (an END stays apart, after them)."""
+        items, self._buffer = self._buffer, []
+        self._ready.clear()
+        outputs: dict[str, list[Any]] = {}
+        ended: list[tuple[str, Any]] = []
+        for request_id, output in items:
+            if output is END or isinstance(output, Failed):
+                ended.append((request_id, output))
+            else:
+                outputs.setdefault(request_id, []).append(output)
+        batch = [(rid, outs[0] if len(outs) == 1 else self._merge(outs)) for rid, outs in outputs.items()]
+        return batch + ended
+
+    async def batches(self, idle_close_s: float) -> AsyncIterator[list[tuple[str, Any]]]:
+        """What a subscriber reads: every batch as soon as there is one; ends once idle."""
+        self.subscribed = True
+        try:
+            while True:
+                if not self._buffer:
+                    try:
+                        await asyncio.wait_for(self._ready.wait(), idle_close_s)
+                    except asyncio.TimeoutError:
+                        if not self.running and not self._buffer:
+                            return
+                        continue
+                if self._buffer:
+                    yield self.take()
+        finally:
+            self.subscribed = False
+            self.last_seen = time.monotonic()
+
+    def cancel_all(self) -> None:
+        for task in list(self.running.values()):
+            task.cancel()
+
+    @property
+    def idle(self) -> bool:
+        return not self.running and not self._buffer and not self.subscribed
+
+
+class Outboxes:
+    """A replica's outboxes, one per gateway that runs requests here."""
+
+    def __init__(self, merge: Merge, *, idle_close_s: float = 2.0, orphan_s: float = 30.0):
+        self._merge = merge
+        self.idle_close_s = idle_close_s
+        self.orphan_s = orphan_s
+        self._boxes: dict[str, Outbox] = {}
+
+    def open(self, gateway: str) -> Outbox:
+        box = self._boxes.get(gateway)
+        if box is None:
+            box = self._boxes[gateway] = Outbox(gateway, self._merge)
+        return box
+
+    async def subscribe(self, gateway: str) -> AsyncIterator[list[tuple[str, Any]]]:
+        box = self.open(gateway)
+        if box.subscribed:  # a gateway holds one subscription per replica; a second means the first is dead
+            raise RuntimeError(f"gateway {gateway} is subscribed to this replica already")
+        try:
+            async for batch in box.batches(self.idle_close_s):
+                yield batch
+        finally:
+            self.reap()
+
+    def reap(self, now: Optional[float] = None) -> None:
+        """Drop idle outboxes; cancel the requests of those whose gateway is gone."""
+        now = time.monotonic() if now is None else now
+        for gateway, box in list(self._boxes.items()):
+            if box.idle:
+                del self._boxes[gateway]
+            elif not box.subscribed and now - box.last_seen > self.orphan_s:
+                box.cancel_all()
+
+    def __len__(self) -> int:
+        return len(self._boxes)

@@ -1,0 +1,129 @@
+"""The gateway's end of the decode replicas' outboxes (cluster/engine/outbox.py): one
+subscription per decode replica carries the outputs of all of this gateway's requests there,
+one Ray item per engine step; here they are dealt out to each request's stream.
+
+Lifecycle of one request (`outputs`): the request's own `run` call on the decode replica
+(made by the caller, pinned and bounded by Serve as any call) first yields the replica's
+worker id; the request then registers with that replica's channel, opening it if needed,
+and reads its outputs until END (or the engine's error, or the channel's loss). The run call
+is watched meanwhile: its error ends the stream with that error. Leaving early (the client
+hung up) cancels the run call, which aborts the request on the replica.
+
+Lifecycle of a channel: opened by the first request for its replica; its subscription ends
+when the replica finds the outbox idle, and the channel closes with it unless a request still
+waits (then it subscribes again: the outputs buffered meanwhile come first). A subscription that
+fails ends every request waiting on it with `ChannelLost` (the replica died, or Serve routed the
+subscription elsewhere): before a first token the P/D path retries it like any decode failure.
+
+Pure asyncio: the caller gives the subscription as a function (worker id → async iterator of
+batches), so unit tests drive it without Ray.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from typing import Any, AsyncIterator, Callable
+
+from cluster.engine.outbox import Failed
+
+log = logging.getLogger(__name__)
+
+Batch = list[tuple[str, Any]]
+Subscribe = Callable[[str], AsyncIterator[Batch]]
+
+
+class ChannelLost(RuntimeError):
+    """The subscription to a decode replica failed with requests still reading from it."""
+
+
+class _Channel:
+    def __init__(self, worker_id: str, subscribe: Subscribe, on_close: Callable[["_Channel"], None]):
+        self.worker_id = worker_id
+        self.sinks: dict[str, asyncio.Queue] = {}
+        self._subscribe = subscribe
+        self._on_close = on_close
+        self.task = asyncio.ensure_future(self._pump())
+
+    async def _pump(self) -> None:
+        try:
+            while True:
+                stream = self._subscribe(self.worker_id)
+                async for batch in stream:
+                    for request_id, output in batch:
+                        sink = self.sinks.get(request_id)
+                        if sink is not None:  # else: its reader left (a cancelled request's tail)
+                            sink.put_nowait(output)
+                if not self.sinks:  # the replica closed an idle subscription: so do we
+                    return
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            lost = ChannelLost(f"the stream from decode replica {self.worker_id} failed: {type(exc).__name__}: {exc}")
+            for sink in self.sinks.values():
+                sink.put_nowait(Failed(lost))
+            log.warning("%s (%d requests on it)", lost, len(self.sinks))
+        finally:
+            self._on_close(self)
+
+
+class DecodeChannels:
+    def __init__(self, subscribe: Subscribe):
+        self._subscribe = subscribe
+        self._channels: dict[str, _Channel] = {}
+
+    def _register(self, worker_id: str, request_id: str) -> tuple[_Channel, asyncio.Queue]:
+        channel = self._channels.get(worker_id)
+        if channel is None or channel.task.done():
+            channel = self._channels[worker_id] = _Channel(worker_id, self._subscribe, self._closed)
+        sink: asyncio.Queue = asyncio.Queue()
+        channel.sinks[request_id] = sink
+        return channel, sink
+
+    def _closed(self, channel: _Channel) -> None:
+        if self._channels.get(channel.worker_id) is channel:
+            del self._channels[channel.worker_id]
+
+    async def outputs(self, request_id: str, run: Any) -> AsyncIterator[Any]:
+        """The outputs of the request whose `run` call (a Serve response generator: its
+        `__anext__`, `cancel`) is given; the module docstring says when it ends."""
+        worker_id = await run.__anext__()
+        channel, sink = self._register(worker_id, request_id)
+        watcher = asyncio.ensure_future(_watch(run, sink))
+        try:
+            while True:
+                output = await sink.get()
+                if isinstance(output, str):  # END
+                    return
+                if isinstance(output, Failed):
+                    raise output.error
+                yield output
+        finally:
+            channel.sinks.pop(request_id, None)
+            if not watcher.done():
+                watcher.cancel()
+            run.cancel()  # a no-op when it ended; else the engine aborts the request
+
+    async def close(self) -> None:
+        channels = list(self._channels.values())
+        for channel in channels:
+            channel.task.cancel()
+        for channel in channels:
+            with contextlib.suppress(BaseException):
+                await channel.task
+
+    def __len__(self) -> int:
+        return len(self._channels)
+
+
+async def _watch(run: Any, sink: asyncio.Queue) -> None:
+    """The run call's own end: after its first item it yields nothing; an error it raises
+    ends the request's stream with it (an END or Failed from the outbox may come first)."""
+    try:
+        async for _ in run:
+            pass
+    except asyncio.CancelledError:
+        raise
+    except Exception as exc:
+        sink.put_nowait(Failed(exc))

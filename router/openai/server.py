@@ -1,0 +1,87 @@
+"""The gateway replica's own HTTP server (`gateway.ingress: direct`, the default).
+
+Why not Serve's HTTP proxy: every chunk of a streamed answer crossed a Ray hop from the
+gateway replica to the proxy actor (an ASGI message pickled, queued and sent per chunk), which
+cost the proxy ~0.4 ms and the gateway as much again per streamed token on the 2-core VM
+(loadtest/bench/RESULTS.md, the control-plane section): more than vLLM's whole API server
+spends per token. Here the replica serves HTTP itself with uvicorn, as `vllm serve` does, on the
+same host and port Serve's proxy took; Serve still places, restarts and scales the replicas.
+
+Several gateway replicas on one node share the port with SO_REUSEPORT: the kernel spreads
+connections over them (Linux lets only the same user join a port so bound). On Kubernetes the
+chart pins the gateway to the head pod, where Serve's proxy was.
+
+Lifecycle: `start` once on the replica's event loop (it returns when the socket listens, or
+raises naming the address); `stop` on teardown (idempotent): stops accepting, lets open
+streams finish for up to `drain_s`, then closes what is left.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import socket
+from typing import Any, Iterator, Optional
+
+import uvicorn
+
+log = logging.getLogger(__name__)
+
+
+class _Server(uvicorn.Server):
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        # The process is a Ray worker: its signals are Ray's (uvicorn takes them on the main
+        # thread, where Serve may run user code).
+        yield
+
+
+def listening_socket(host: str, port: int) -> socket.socket:
+    """A TCP socket bound to host:port with SO_REUSEPORT (several replicas, one port)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise RuntimeError(f"the gateway cannot listen on {host}:{port} ({exc}): another program holds the "
+                           "port (set gateway.port), or Serve's HTTP proxy does (it must be off with "
+                           "gateway.ingress: direct)") from exc
+    return sock
+
+
+class GatewayServer:
+    def __init__(self, server: _Server, task: asyncio.Task, host: str, port: int):
+        self._server, self._task = server, task
+        self.host, self.port = host, port
+
+    @classmethod
+    async def start(cls, app: Any, host: str, port: int, *, keep_alive_s: float = 5.0) -> "GatewayServer":
+        sock = listening_socket(host, port)
+        config = uvicorn.Config(app, host=host, port=port, lifespan="off", access_log=False, log_config=None,
+                                timeout_keep_alive=keep_alive_s, timeout_graceful_shutdown=None)
+        server = _Server(config)
+        task = asyncio.ensure_future(server.serve(sockets=[sock]))
+        while not server.started:
+            if task.done():  # it failed before listening: its error, with the address
+                sock.close()
+                raise RuntimeError(f"the gateway's HTTP server on {host}:{port} did not start") from task.exception()
+            await asyncio.sleep(0.01)
+        log.info("gateway listening on http://%s:%d", host, port)
+        return cls(server, task, host, port)
+
+    async def stop(self, drain_s: Optional[float] = 5.0) -> None:
+        if self._task.done():
+            return
+        self._server.should_exit = True
+        try:
+            await asyncio.wait_for(asyncio.shield(self._task), drain_s)
+        except asyncio.TimeoutError:
+            self._server.force_exit = True
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self._task, 2.0)
+        except Exception as exc:  # a server that failed: nothing left to stop
+            log.warning("gateway HTTP server ended with %r", exc)

@@ -44,7 +44,7 @@ from router.routing.decider import DecodeView, Objectives, PDDecider, PrefillVie
 from router.routing.directory import PoolDirectory, ReplicaInfo
 from router.routing.ledger import LoadLedger
 from router.routing.pipeline import pick
-from router.routing.types import Pick, RouteContext, RouteDecision, Worker
+from router.routing.types import ROUTE_LABELS, Path, Pick, RouteContext, RouteDecision, Worker
 
 log = logging.getLogger(__name__)
 
@@ -186,14 +186,14 @@ class KVRouter:
                            num_blocks=num_blocks, matches=matches)
         decode = self._pick(decode_workers, ctx, tier, "decode")
         prefill = None
-        skip = whole = False
+        path: Path = "remote"
         reuse = True
         if decode is not None:
             if self._decider.mode != "never":
                 prefill = self._pick(prefill_workers, ctx, tier, "prefill")
             verdict = self._decide(ctx, tier, decode, prefill, request.sampling.max_tokens)
-            skip = verdict.skip_prefill
-            whole = verdict.whole_on_prefill and prefill is not None
+            # Whole needs the prefill replica it runs on; without one the request goes remote.
+            path = "remote" if verdict.path == "whole" and prefill is None else verdict.path
             reuse = verdict.reuse_first_token
             metrics.PD_DECISIONS.labels(tier=tier, path=verdict.path, reason=verdict.reason).inc()
             log.debug("request %s: %s (%s): ttft remote %.3f s, local %.3f s, streams' gap if local %.3f s",
@@ -201,23 +201,23 @@ class KVRouter:
                       verdict.ttft_local_s, verdict.gap_local_s)
         else:
             prefill = self._pick(prefill_workers, ctx, tier, "prefill")
-        if skip:
+        local = path == "local"
+        if local:
             prefill = None
             self._ledger.expect(request.request_id, ctx.prompt_tokens - _hit_tokens(decode, ctx))
         elif prefill is not None:
             self._ledger.expect(request.request_id, ctx.prompt_tokens - _hit_tokens(prefill, ctx))
-        hit = _hit_tokens(decode, ctx) if skip else _hit_tokens(prefill, ctx)
+        hit = _hit_tokens(decode, ctx) if local else _hit_tokens(prefill, ctx)
         if not index_ok:
             reason = "index_unavailable"
-        elif (decode if skip else prefill) is None:
+        elif (decode if local else prefill) is None:
             reason = "no_workers"
         else:
             reason = "prefix_hit" if hit > 0 else "load"
-        decision = RouteDecision(prefill=prefill, decode=decode, skip_prefill=skip, reason=reason,
-                                 predicted_hit_tokens=hit, whole_on_prefill=whole, reuse_first_token=reuse)
-        path = "decode_only" if skip else "prefill_only" if whole else "disaggregated"
-        metrics.DECISIONS.labels(tier=tier, path=path, reason=reason).inc()
-        metrics.PREDICTED_HIT_TOKENS.labels(tier=tier, pool="decode" if skip else "prefill").inc(hit)
+        decision = RouteDecision(prefill=prefill, decode=decode, path=path, reason=reason,
+                                 predicted_hit_tokens=hit, reuse_first_token=reuse)
+        metrics.DECISIONS.labels(tier=tier, path=ROUTE_LABELS[path], reason=reason).inc()
+        metrics.PREDICTED_HIT_TOKENS.labels(tier=tier, pool="decode" if local else "prefill").inc(hit)
         metrics.PROMPT_TOKENS.labels(tier=tier).inc(ctx.prompt_tokens)
         metrics.DECISION_SECONDS.observe(time.perf_counter() - started)
         return decision

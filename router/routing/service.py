@@ -292,8 +292,8 @@ class KVRouter:
         finally:
             directory.unpin(request_id)
             self._ledger.end(worker)
-        # Returned: a prefill hop computed its prompt (disagg.py catches its failures inside);
-        # a stream that ended before its first token computed nothing to time.
+        # Returned: a prefill hop computed its prompt (router/pd/hops.py catches its failures
+        # inside); a stream that ended before its first token computed nothing to time.
         self._prompt_done(request_id, observe=not streams)
 
     def observe_handoff(self, chosen: Pick, seconds: float) -> None:
@@ -310,7 +310,7 @@ class KVRouter:
             return
         worker_id = timed.worker.worker_id
         model = self._models.get(worker_id, EngineCostModel())
-        # A timed-out or failed hop (disagg.py catches those inside the hop) is not a
+        # A timed-out or failed hop (router/pd/hops.py catches those inside the hop) is not a
         # prefill time: one observation moves the model at most 3x from its prediction.
         predicted = model.prefill_s(timed.tokens)
         seconds = min(max(timed.seconds, predicted / OUTLIER_FACTOR), predicted * OUTLIER_FACTOR)

@@ -63,7 +63,7 @@ class ReceivedSampling:
 class EngineRequest:
     """A rendered request: `prompt_token_ids` has the chat template applied, `sampling` is what
     vLLM's serving code made of the body (generation_config defaults included), with n == 1:
-    the gateway fans n > 1 out into one EngineRequest per sample (router/disagg.py).
+    the gateway fans n > 1 out into one EngineRequest per sample (router/pd/samples.py).
 
     Made in the gateway, with SamplingParams; in the replica that receives it `sampling` is a
     ReceivedSampling (module docstring), which `sampling_params` unpickles."""

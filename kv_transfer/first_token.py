@@ -25,9 +25,9 @@ request takes the plain path (the prefill's token dropped, decode samples token 
   only, so one spanning token 1 and token 2 would be missed.
 
 Sampling n > 1 takes the plain path too ("n"): each sample needs its own first token, and
-router/disagg.py runs the samples as decode requests that share one prefill.
+router/pd/samples.py runs the samples as decode requests that share one prefill.
 
-Call order (router/disagg.py): `reuse_blocker(sampling)`; prefill with reuse → its first
+Call order (router/pd/path.py): `reuse_blocker(sampling)`; prefill with reuse → its first
 RequestOutput; if that output finished the answer (stop, EOS, max_tokens 1) there is no
 decode hop; else `continuation(request, first)` is the decode request, and
 `FirstTokenOffset` restates decode's outputs as the client's (its cumulative logprob).

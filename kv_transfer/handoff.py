@@ -11,7 +11,7 @@ Call order (each step in its own process):
 1. prefill replica: `prefill_request_params()` goes into the engine's prefill request; the
    engine's answer becomes a `Handoff` via `Handoff.from_prefill(engine identity, params,
    lease_deadline())` (prefill_workers/deployment.py);
-2. gateway: passes it to the decode hop as is (router/disagg.py);
+2. gateway: passes it to the decode hop as is (router/pd/path.py);
 3. decode replica: `handoff.decode_params(its own engine identity)` → the params for vLLM, or
    HandoffMismatch / HandoffExpired: recompute (decode_workers/deployment.py).
 

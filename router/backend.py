@@ -1,5 +1,5 @@
 """The interface every layer of the gateway's request path implements: the P/D path
-(router/disagg.py), admission control (router/admission.py) and the request metrics
+(router/pd/path.py), admission control (router/admission.py) and the request metrics
 (router/request_metrics.py) each wrap the next and are one, so the engine client
 (router/openai/engine_client.py) drives the outermost without knowing the stack.
 

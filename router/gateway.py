@@ -28,11 +28,11 @@ from cluster.serve_patch import bind_replica_grpc_on_node_address
 from cluster.hardware import engine_dtype_here
 from router.admission import AdmissionControl
 from router.auth import ApiKeyAuth
-from router.disagg import DisaggregatedBackend
+from router.pd.path import DisaggregatedBackend
 from router.openai.app import build_openai_app, vllm_config_of, vllm_server_args
 from router.openai.engine_client import PDEngineClient
 from router.openai.server import GatewayServer
-from router.prewarm import HandshakeWarmer
+from router.pd.prewarm import HandshakeWarmer
 from router.ratelimit import RateLimiter
 from router.ratelimit_shared import SharedRateLimiter, rate_limiter_from_config
 from router.request_metrics import HttpMetricsMiddleware, MeasuredBackend, declare_series

@@ -1,9 +1,13 @@
-"""The P/D path's metrics (router/disagg.py, router/samples.py), Ray metrics of the gateway
-process; created at 0 per tier by router/request_metrics.py declare_series."""
+"""The P/D path's metrics (router/pd/), Ray metrics of the gateway process; created at 0 per
+tier by router/request_metrics.py declare_series. The path a request took is counted through
+`count_route` only, under the labels of router/routing/types.py RouteLabel."""
 
 from __future__ import annotations
 
+from typing import Optional
+
 from cluster.metrics import Counter, Histogram
+from router.routing.types import RouteLabel
 
 ROUTES = Counter(
     "tandem_route",
@@ -41,3 +45,15 @@ FIRST_TOKEN = Counter(
     "kv_transfer/first_token.py) or decode, with the reason the prefill's token could not be used.",
     ["tier", "path", "reason"],
 )
+
+
+def count_route(tier: str, route: RouteLabel, reason: str = "") -> None:
+    ROUTES.labels(tier=tier, path=route, reason=reason).inc()
+
+
+def count_prefilled(tier: str, failed: Optional[str]) -> RouteLabel:
+    """Count a request whose prefill hop has ended: disaggregated, or recomputed on decode
+    because the hop `failed` (its reason); the route it takes on decode."""
+    route: RouteLabel = "disaggregated" if failed is None else "fallback_recompute"
+    count_route(tier, route, failed or "")
+    return route

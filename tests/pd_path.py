@@ -44,7 +44,7 @@ def in_process_path(*, decider, objectives, prefill_timeout_s: float, **router_a
     from ray import serve
 
     from cluster.types import APP_NAME, PoolId, TierPools
-    from router.disagg import DisaggregatedBackend
+    from router.pd.path import DisaggregatedBackend
     from router.routing.directory import pool_directory
     from router.routing.service import KVRouter
 
@@ -83,7 +83,7 @@ def fake_pd_path(decider, objectives, prefill_timeout_s: float = 5.0, prefill_ch
     import random
 
     from cluster.types import RoutingStats, TierPools
-    from router.disagg import DisaggregatedBackend
+    from router.pd.path import DisaggregatedBackend
     from router.routing.directory import PoolDirectory, ReplicaInfo
     from router.routing.service import KVRouter
     from tests.fakes import FakeServePool

@@ -5,7 +5,7 @@ request with the model's renderer, then calls `engine_client.generate(prompt, pa
 builds the response from the RequestOutputs it yields. This class is that engine client: it
 checks the request as vLLM's AsyncLLM would (its InputProcessor, so a bad parameter fails the
 same way), turns it into an EngineRequest for the tier the edge chose (router/openai/context.py)
-and streams what the backend — metrics → admission → the P/D path (router/disagg.py), each
+and streams what the backend — metrics → admission → the P/D path (router/pd/path.py), each
 a router/backend.py Backend — yields.
 
 Outputs come from the engines as DELTAs without their prompt; here they get the prompt back,

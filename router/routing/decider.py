@@ -78,9 +78,9 @@ from dataclasses import dataclass
 from typing import Literal, Optional
 
 from router.routing.cost_model import EngineCostModel
+from router.routing.types import Path
 
 Mode = Literal["adaptive", "always", "never"]
-Path = Literal["remote", "local", "whole"]
 MIN_CHUNK_TOKENS = 16  # a decode engine whose batch fills its budget still prefills a little per step
 REMOTE_QUEUE_SHARE = 0.5  # of the TTFT slack an idle prefill engine leaves, its queue may take (rule 4)
 
@@ -150,7 +150,7 @@ class Decision:
         return self.path == "whole"
 
 
-def predict_remote(req: RequestView, prefill: PrefillView, queued: bool = True) -> float:
+def predict_remote_ttft(req: RequestView, prefill: PrefillView, queued: bool = True) -> float:
     uncached = max(req.prompt_tokens - req.cached_on_prefill, 0)
     return prefill.model.prefill_s((prefill.queued_tokens if queued else 0) + uncached)
 
@@ -172,7 +172,7 @@ def predict_local(req: RequestView, decode: DecodeView, per_token_s: float) -> t
 def decide(policy: PDDecider, req: RequestView, prefill: PrefillView, decode: DecodeView,
            objectives: Objectives) -> Decision:
     per_token = prefill.model.per_token_s()
-    ttft_remote = predict_remote(req, prefill)
+    ttft_remote = predict_remote_ttft(req, prefill)
     ttft_local, gap_local = predict_local(req, decode, per_token)
 
     def out(path: Path, reason: str, reuse_first_token: bool = True) -> Decision:
@@ -243,7 +243,7 @@ def _adaptive(req: RequestView, prefill: PrefillView, decode: DecodeView, object
     gap_ok = step_ok and (decode.running_seqs == 0 or gap_local <= objectives.gap_s)
     overhead_s = prefill.model.prefill.coefficients()[0]
     uncached_local = max(req.prompt_tokens - req.cached_on_decode, 0)
-    ttft_idle = predict_remote(req, prefill, queued=False)
+    ttft_idle = predict_remote_ttft(req, prefill, queued=False)
     if gap_ok and per_token * uncached_local <= overhead_s and ttft_local <= ttft_idle:
         return ("local", "short_uncached")
     slack = objectives.ttft_s - ttft_idle

@@ -15,7 +15,8 @@ Lifecycle and call order:
    that replica: a prefill hop until it returns, a streaming hop (a local prefill on decode,
    a whole request on prefill) until `first_token(request_id)` or the hop's end. A prefill
    engine's prompt with nothing of this gateway's queued ahead of it is timed until done:
-   one observation for that engine's prefill cost model.
+   one observation for that engine's prefill cost model. The counts are the LoadLedger's
+   (ledger.py).
 4. `first_token(request_id)` when a streaming hop yields its first token;
    `observe_handoff(decode_pick, seconds)` when a decode hop after a remote prefill does
    (the decode engine's handoff time, for the decider's rule 7).
@@ -25,12 +26,10 @@ Lifecycle and call order:
 from __future__ import annotations
 
 import asyncio
-import collections
 import contextlib
 import logging
 import random
 import time
-from dataclasses import dataclass
 from typing import Callable, Iterator, Mapping, Optional
 
 from cluster.config import SLOConfig
@@ -43,8 +42,9 @@ from router.routing import metrics
 from router.routing.cost_model import EngineCostModel
 from router.routing.decider import DecodeView, Objectives, PDDecider, PrefillView, RequestView, decide
 from router.routing.directory import PoolDirectory, ReplicaInfo
+from router.routing.ledger import LoadLedger
 from router.routing.pipeline import pick
-from router.routing.types import Pick, RouteContext, RouteDecision, Worker
+from router.routing.types import ROUTE_LABELS, Path, Pick, RouteContext, RouteDecision, Worker
 
 log = logging.getLogger(__name__)
 
@@ -54,10 +54,6 @@ _SLO = SLOConfig()
 DEFAULT_OBJECTIVES = Objectives(ttft_s=_SLO.ttft_s, itl_s=_SLO.itl_s, gap_s=_SLO.gap_s)
 DEFAULT_CHUNK_BUDGET = 2048  # vLLM's max_num_batched_tokens when unset (chunked prefill on, its default)
 OUTLIER_FACTOR = 3.0
-# A replica's routing stats reach this gateway up to ~1 s (their period) plus Serve's
-# broadcast late: a reported queue may still count prompts done since.
-STALE_STATS_S = 3.0
-MAX_PENDING = 10_000  # remote decisions whose prefill hop has not started (cancelled ones age out)
 
 
 def worker_from(info: ReplicaInfo, pool: PoolId, in_flight: int) -> Worker:
@@ -95,7 +91,6 @@ class KVRouter:
         self._subscribe = subscribe and index is not None
         self._rng = rng or random.Random()
         self._clock = clock
-        self._in_flight: dict[str, int] = {}
         self._subscribers: dict[str, KVEventSubscriber] = {}
         self._last_sync = float("-inf")
         # The decider's inputs: tier → objectives and decode chunk budget; worker_id → its cost
@@ -103,13 +98,9 @@ class KVRouter:
         self._objectives = dict(objectives or {})
         self._chunk_budgets = dict(chunk_budgets or {})  # tier → its decode engines' budget
         self._prefill_budgets = dict(prefill_chunk_budgets or {})  # ... its prefill engines'
-        self._timer = timer
         self._models: dict[str, EngineCostModel] = {}
         self._step_reports: dict[str, tuple] = {}
-        self._queued_tokens: dict[str, int] = {}  # replica_id → this gateway's uncached prompt tokens on it
-        self._pending: dict[str, int] = {}  # request_id → uncached prompt tokens, until its hop starts
-        self._done: dict[str, collections.deque] = {}  # replica_id → (when, tokens) of its prompts done lately
-        self._prompts: dict[str, _QueuedPrompt] = {}  # request_id → its prompt queued on a replica, until done
+        self._ledger = LoadLedger(clock=clock, timer=timer)  # this gateway's requests on each replica
 
     # -- workers and their event streams ---------------------------------------------------
 
@@ -118,7 +109,7 @@ class KVRouter:
         if directory is None:
             return []
         pool_id = PoolId(tier, pool)  # type: ignore[arg-type]
-        return [worker_from(r, pool_id, self._in_flight.get(r.replica_id, 0)) for r in directory.replicas()]
+        return [worker_from(r, pool_id, self._ledger.in_flight(r.replica_id)) for r in directory.replicas()]
 
     async def _sync_subscribers(self) -> None:
         """Follow the KV events of every live worker; forget the workers that left."""
@@ -195,14 +186,14 @@ class KVRouter:
                            num_blocks=num_blocks, matches=matches)
         decode = self._pick(decode_workers, ctx, tier, "decode")
         prefill = None
-        skip = whole = False
+        path: Path = "remote"
         reuse = True
         if decode is not None:
             if self._decider.mode != "never":
                 prefill = self._pick(prefill_workers, ctx, tier, "prefill")
             verdict = self._decide(ctx, tier, decode, prefill, request.sampling.max_tokens)
-            skip = verdict.skip_prefill
-            whole = verdict.whole_on_prefill and prefill is not None
+            # Whole needs the prefill replica it runs on; without one the request goes remote.
+            path = "remote" if verdict.path == "whole" and prefill is None else verdict.path
             reuse = verdict.reuse_first_token
             metrics.PD_DECISIONS.labels(tier=tier, path=verdict.path, reason=verdict.reason).inc()
             log.debug("request %s: %s (%s): ttft remote %.3f s, local %.3f s, streams' gap if local %.3f s",
@@ -210,23 +201,23 @@ class KVRouter:
                       verdict.ttft_local_s, verdict.gap_local_s)
         else:
             prefill = self._pick(prefill_workers, ctx, tier, "prefill")
-        if skip:
+        local = path == "local"
+        if local:
             prefill = None
-            self._remember_pending(request.request_id, ctx.prompt_tokens - _hit_tokens(decode, ctx))
+            self._ledger.expect(request.request_id, ctx.prompt_tokens - _hit_tokens(decode, ctx))
         elif prefill is not None:
-            self._remember_pending(request.request_id, ctx.prompt_tokens - _hit_tokens(prefill, ctx))
-        hit = _hit_tokens(decode, ctx) if skip else _hit_tokens(prefill, ctx)
+            self._ledger.expect(request.request_id, ctx.prompt_tokens - _hit_tokens(prefill, ctx))
+        hit = _hit_tokens(decode, ctx) if local else _hit_tokens(prefill, ctx)
         if not index_ok:
             reason = "index_unavailable"
-        elif (decode if skip else prefill) is None:
+        elif (decode if local else prefill) is None:
             reason = "no_workers"
         else:
             reason = "prefix_hit" if hit > 0 else "load"
-        decision = RouteDecision(prefill=prefill, decode=decode, skip_prefill=skip, reason=reason,
-                                 predicted_hit_tokens=hit, whole_on_prefill=whole, reuse_first_token=reuse)
-        path = "decode_only" if skip else "prefill_only" if whole else "disaggregated"
-        metrics.DECISIONS.labels(tier=tier, path=path, reason=reason).inc()
-        metrics.PREDICTED_HIT_TOKENS.labels(tier=tier, pool="decode" if skip else "prefill").inc(hit)
+        decision = RouteDecision(prefill=prefill, decode=decode, path=path, reason=reason,
+                                 predicted_hit_tokens=hit, reuse_first_token=reuse)
+        metrics.DECISIONS.labels(tier=tier, path=ROUTE_LABELS[path], reason=reason).inc()
+        metrics.PREDICTED_HIT_TOKENS.labels(tier=tier, pool="decode" if local else "prefill").inc(hit)
         metrics.PROMPT_TOKENS.labels(tier=tier).inc(ctx.prompt_tokens)
         metrics.DECISION_SECONDS.observe(time.perf_counter() - started)
         return decision
@@ -240,13 +231,13 @@ class KVRouter:
         running = max(d_stats.running_seqs, decode.worker.in_flight)
         decode_view = DecodeView(running_seqs=running,
                                  chunk_budget_tokens=self._chunk_budgets.get(tier, DEFAULT_CHUNK_BUDGET),
-                                 model=d_model, queued_tokens=self._queued_tokens.get(decode.worker.replica_id, 0))
+                                 model=d_model, queued_tokens=self._ledger.queued_tokens(decode.worker.replica_id))
         if prefill is None:  # none known yet: an idle engine of the prior model
             prefill_view = PrefillView(queued_tokens=0)
         else:
             p_stats = self._stats_of(prefill.worker)
-            reported = max((p_stats.queued_prompt_tokens or 0) - self._recently_done(prefill.worker.replica_id), 0)
-            queued = max(reported, self._queued_tokens.get(prefill.worker.replica_id, 0))
+            reported = max((p_stats.queued_prompt_tokens or 0) - self._ledger.recently_done(prefill.worker.replica_id), 0)
+            queued = max(reported, self._ledger.queued_tokens(prefill.worker.replica_id))
             prefill_view = PrefillView(queued_tokens=queued, model=self._observe_step(prefill.worker.worker_id, p_stats),
                                        chunk_budget_tokens=self._prefill_budgets.get(tier, DEFAULT_CHUNK_BUDGET),
                                        running_seqs=p_stats.running_seqs)
@@ -272,11 +263,6 @@ class KVRouter:
             self._models[worker_id] = model
         return model
 
-    def _remember_pending(self, request_id: str, uncached_tokens: int) -> None:
-        self._pending[request_id] = max(uncached_tokens, 0)
-        while len(self._pending) > MAX_PENDING:
-            self._pending.pop(next(iter(self._pending)))
-
     def cost_model(self, worker_id: str) -> EngineCostModel:
         """The engine's cost model as calibrated so far (the prior when never observed)."""
         return self._models.get(worker_id, EngineCostModel())
@@ -297,16 +283,7 @@ class KVRouter:
         worker = chosen.worker
         directory = self._directories[(worker.tier, worker.pool)]
         directory.pin(request_id, worker.replica_id)
-        self._in_flight[worker.replica_id] = self._in_flight.get(worker.replica_id, 0) + 1
-        tokens = self._pending.pop(request_id, None)
-        if tokens is not None:
-            ahead = self._queued_tokens.get(worker.replica_id, 0)
-            self._queued_tokens[worker.replica_id] = ahead + tokens
-            # A clean sample of a prefill engine's cost: queued behind none of this gateway's
-            # prompts (those ahead were partly computed already, so counting them whole would
-            # bias the fit's intercept towards 0).
-            self._prompts[request_id] = _QueuedPrompt(worker, tokens, self._timer(),
-                                                      timed=ahead == 0 and worker.pool == "prefill")
+        self._ledger.start(request_id, worker)
         try:
             yield
         except BaseException:
@@ -314,47 +291,30 @@ class KVRouter:
             raise
         finally:
             directory.unpin(request_id)
-            _release(self._in_flight, worker.replica_id, 1)
-        # Returned: a prefill hop computed its prompt (disagg.py catches its failures inside);
-        # a stream that ended before its first token computed nothing to time.
+            self._ledger.end(worker)
+        # Returned: a prefill hop computed its prompt (router/pd/hops.py catches its failures
+        # inside); a stream that ended before its first token computed nothing to time.
         self._prompt_done(request_id, observe=not streams)
 
     def observe_handoff(self, chosen: Pick, seconds: float) -> None:
         worker_id = chosen.worker.worker_id
         self._models[worker_id] = self._models.get(worker_id, EngineCostModel()).observe_handoff(seconds)
 
-    def _recently_done(self, replica_id: str) -> int:
-        """This gateway's prompt tokens done on the replica within STALE_STATS_S: its last
-        reported queue may still count them."""
-        done = self._done.get(replica_id)
-        if not done:
-            return 0
-        horizon = self._clock() - STALE_STATS_S
-        while done and done[0][0] < horizon:
-            done.popleft()
-        return sum(tokens for _, tokens in done)
-
     def first_token(self, request_id: str) -> None:
         """A streaming hop yielded its first token: its prompt is no longer queued there."""
         self._prompt_done(request_id, observe=True)
 
     def _prompt_done(self, request_id: str, observe: bool) -> None:
-        prompt = self._prompts.pop(request_id, None)
-        if prompt is None:
+        timed = self._ledger.prompt_done(request_id, observe)
+        if timed is None:
             return
-        _release(self._queued_tokens, prompt.worker.replica_id, prompt.tokens)
-        if prompt.worker.pool == "prefill":  # only a prefill replica's reported queue is discounted
-            self._recently_done(prompt.worker.replica_id)  # pruned here too: bounded by the window
-            self._done.setdefault(prompt.worker.replica_id, collections.deque()).append((self._clock(), prompt.tokens))
-        if not (observe and prompt.timed):
-            return
-        seconds = self._timer() - prompt.started
-        model = self._models.get(prompt.worker.worker_id, EngineCostModel())
-        # A timed-out or failed hop (disagg.py catches those inside the hop) is not a
+        worker_id = timed.worker.worker_id
+        model = self._models.get(worker_id, EngineCostModel())
+        # A timed-out or failed hop (router/pd/hops.py catches those inside the hop) is not a
         # prefill time: one observation moves the model at most 3x from its prediction.
-        predicted = model.prefill_s(prompt.tokens)
-        seconds = min(max(seconds, predicted / OUTLIER_FACTOR), predicted * OUTLIER_FACTOR)
-        self._models[prompt.worker.worker_id] = model.observe_prefill(prompt.tokens, seconds)
+        predicted = model.prefill_s(timed.tokens)
+        seconds = min(max(timed.seconds, predicted / OUTLIER_FACTOR), predicted * OUTLIER_FACTOR)
+        self._models[worker_id] = model.observe_prefill(timed.tokens, seconds)
 
     def close(self) -> None:
         for sub in self._subscribers.values():
@@ -362,22 +322,6 @@ class KVRouter:
         self._subscribers.clear()
         if self._index is not None:
             self._index.close()
-
-
-@dataclass(frozen=True)
-class _QueuedPrompt:
-    worker: Worker
-    tokens: int
-    started: float
-    timed: bool  # its time until done is a sample of the worker's prefill cost
-
-
-def _release(counts: dict[str, int], key: str, amount: int) -> None:
-    left = counts.get(key, 0) - amount
-    if left > 0:
-        counts[key] = left
-    else:
-        counts.pop(key, None)
 
 
 def _hit_tokens(chosen: Optional[Pick], ctx: RouteContext) -> int:

@@ -3,7 +3,20 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Mapping, Optional
+from typing import Literal, Mapping, Optional
+
+Path = Literal["remote", "local", "whole"]
+"""The path a request takes, in one vocabulary from the decider to the metrics: `remote` (the
+prompt on a prefill replica, the tokens on a decode replica, the KV between them), `local`
+(all of it on the decode replica), `whole` (all of it on the prefill replica: no decode hop)."""
+
+RouteLabel = Literal["disaggregated", "decode_only", "prefill_only", "fallback_recompute", "router_error"]
+"""The `path` label of tandem_route, tandem_routing_decisions and tandem_decode_first_token_seconds:
+the Path taken, or what became of it. Older than Path, and kept: dashboards, alert rules and the
+recorded benchmark results (loadtest/bench/results/) read these values."""
+
+ROUTE_LABELS: Mapping[Path, RouteLabel] = {"remote": "disaggregated", "local": "decode_only", "whole": "prefill_only"}
+"""The one map from a Path to its metric label (tandem_pd_decisions counts the Path itself)."""
 
 
 @dataclass(frozen=True)
@@ -46,14 +59,20 @@ class Pick:
 
 @dataclass(frozen=True)
 class RouteDecision:
-    """Where one request goes. `prefill` None with `skip_prefill` False means: no worker known,
-    let Serve choose. `reason` is counted in metrics. `skip_prefill` and `whole_on_prefill`
-    are never both set."""
+    """Where one request goes. A pick that is None means: no worker known, let Serve choose
+    (`prefill` is None on path local; path whole always has one). `reason` is counted in metrics."""
 
     prefill: Optional[Pick]
     decode: Optional[Pick]
-    skip_prefill: bool
+    path: Path
     reason: str
     predicted_hit_tokens: int = 0  # prompt tokens the chosen engine should find cached
-    whole_on_prefill: bool = False  # the whole request on `prefill` (a short answer): no decode hop
     reuse_first_token: bool = True  # the prefill's token may be the answer's first (decider rule 9)
+
+    @property
+    def skip_prefill(self) -> bool:
+        return self.path == "local"
+
+    @property
+    def whole_on_prefill(self) -> bool:
+        return self.path == "whole"

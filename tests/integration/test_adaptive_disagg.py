@@ -22,7 +22,7 @@ import pytest
 from vllm import SamplingParams
 
 from cluster.protocol import EngineRequest, finish_reason, new_token_ids
-from router.disagg import DisaggregatedBackend
+from router.pd.path import DisaggregatedBackend
 from router.routing.decider import Objectives, PDDecider
 from tests.pd_path import TIER, in_process_path, prefill_idle, ready, record_verdicts
 
@@ -79,11 +79,11 @@ async def scenario(path, verdicts) -> None:
 def test_a_short_answer_runs_whole_on_a_real_prefill_engine(base_url, monkeypatch):
     """The decider's "whole" path on vLLM: a prefill engine (NIXL producer) runs a request with
     no KV transfer params as any engine does, and streams it to the end; decode is not used."""
-    from router import disagg
+    from router import path_metrics
     from tests.fakes import RecordingMetric
 
     routes = RecordingMetric()
-    monkeypatch.setattr(disagg, "ROUTES", routes)
+    monkeypatch.setattr(path_metrics, "ROUTES", routes)
     verdicts = record_verdicts(monkeypatch)
     path = in_process_path(decider=PDDecider(mode="adaptive", whole_on_prefill_max_tokens=16), prefill_timeout_s=60,
                            objectives=Objectives(ttft_s=10.0, itl_s=0.5, gap_s=10.0))

@@ -23,7 +23,7 @@ import redis
 
 from cluster.protocol import EngineRequest, finish_reason
 from cluster.types import PoolId, TierPools
-from router.disagg import DisaggregatedBackend
+from router.pd.path import DisaggregatedBackend
 from router.prefix_index import make_index
 from router.routing.decider import PDDecider
 from router.routing.directory import pool_directory

@@ -132,7 +132,7 @@ def test_a_prefill_past_its_timeout_is_aborted_on_its_replica_and_decode_recompu
 @pytest.mark.parametrize("stream", [False, True])
 def test_a_list_of_prompts_is_answered_one_choice_each(graph, stream):
     """Four hops of one HTTP request wait on one pool at once: each must be its own request in
-    Serve's router (router/serve_calls.py); sharing the proxy's id, some waited forever."""
+    Serve's router (router/pd/serve_calls.py); sharing the proxy's id, some waited forever."""
     prompts = [PROMPT, PROMPT[:9], PROMPT[:12], PROMPT[3:]]
     body = {"model": MODEL_NAME, "prompt": prompts, "max_tokens": 4, "temperature": 0, "stream": stream}
     r = httpx.post(f"{graph.url}/v1/completions", json=body, timeout=10)

@@ -15,7 +15,8 @@ from router.routing.decider import (DecodeView, Objectives, PDDecider, PrefillVi
                                     predict_local)
 from router.routing.directory import PoolDirectory, ReplicaInfo
 from cluster.types import RoutingStats
-from router.routing.service import STALE_STATS_S, KVRouter
+from router.routing.ledger import STALE_STATS_S
+from router.routing.service import KVRouter
 
 ADAPTIVE = PDDecider(mode="adaptive")
 SLO = Objectives(ttft_s=1.0, itl_s=0.1, gap_s=0.2)
@@ -237,10 +238,10 @@ def test_prefill_hops_calibrate_the_prefill_engines_model_from_hops_queued_behin
     first = asyncio.run(r.route(req(300, "a"), "interactive"))
     second = asyncio.run(r.route(req(200, "b"), "interactive"))
     with r.dispatch(first.prefill, "a"):
-        assert r._queued_tokens == {"x": 300}
+        assert r._ledger._queued_tokens == {"x": 300}
         with r.dispatch(second.prefill, "b"):
-            assert r._queued_tokens == {"x": 500}  # what the next decision sees queued
-    assert r._queued_tokens == {}
+            assert r._ledger._queued_tokens == {"x": 500}  # what the next decision sees queued
+    assert r._ledger._queued_tokens == {}
     model = r.cost_model("interactive-prefill-x")
     # Only hop a is a sample: b queued behind a's 300 tokens.
     assert model.prefill.observations == 1
@@ -263,16 +264,16 @@ def test_a_local_prefill_is_queued_on_its_decode_replica_until_its_first_token()
     a = asyncio.run(r.route(req(300, "a"), "interactive"))
     assert a.skip_prefill
     with r.dispatch(a.decode, "a"):
-        assert r._queued_tokens == {"x": 300}
+        assert r._ledger._queued_tokens == {"x": 300}
         b = asyncio.run(r.route(req(300, "b"), "interactive"))  # sees a's prompt ahead on decode
         with r.dispatch(b.decode, "b"):
-            assert r._queued_tokens == {"x": 600}
+            assert r._ledger._queued_tokens == {"x": 600}
             r.first_token("a")
-            assert r._queued_tokens == {"x": 300}  # a streams now; b's prompt is still ahead
-        assert r._queued_tokens == {}  # b's hop ended before its first token: released with it
+            assert r._ledger._queued_tokens == {"x": 300}  # a streams now; b's prompt is still ahead
+        assert r._ledger._queued_tokens == {}  # b's hop ended before its first token: released with it
     r.first_token("a")  # a late or second call releases nothing twice
-    assert r._queued_tokens == {} and r._prompts == {} and r._pending == {}
-    assert r._done == {}  # a decode replica's prompts are not kept for the prefill discount
+    assert r._ledger._queued_tokens == {} and r._ledger._prompts == {} and r._ledger._pending == {}
+    assert r._ledger._done == {}  # a decode replica's prompts are not kept for the prefill discount
 
 
 def test_decode_step_reports_calibrate_once_per_new_report():
@@ -339,15 +340,15 @@ def test_a_reported_queue_is_discounted_by_this_gateways_prompts_done_since():
     # The replica's last report (up to seconds old) still counts a prompt this gateway saw finish.
     now = [100.0]
     r = router({"queued_prompt_tokens": 300}, {"running_seqs": 0})
-    r._clock = lambda: now[0]
+    r._ledger._clock = lambda: now[0]
     first = asyncio.run(r.route(req(300, "a"), "interactive"))
     assert first.skip_prefill  # 300 tokens reported queued: past half the slack, local
-    r._queued_tokens.clear()
-    r._pending.clear()
+    r._ledger._queued_tokens.clear()
+    r._ledger._pending.clear()
     # A remote prompt of this gateway's finishes on the prefill replica...
     pick = asyncio.run(r.route(req(20, "warm"), "interactive")).decode  # any pick: only its worker matters
     prefill_pick = type(pick)(worker=r.workers("interactive", "prefill")[0], score=1.0, scores={})
-    r._remember_pending("b", 300)
+    r._ledger.expect("b", 300)
     with r.dispatch(prefill_pick, "b"):
         pass
     # ...so the stale report's 300 tokens are its own: the next prompt goes remote.

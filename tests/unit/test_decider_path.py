@@ -11,7 +11,7 @@ from vllm import SamplingParams
 
 from cluster.protocol import EngineRequest, new_token_ids
 from cluster.types import TierPools
-from router.disagg import DisaggregatedBackend
+from router.pd.path import DisaggregatedBackend
 from router.routing.decider import Objectives, PDDecider
 from router.routing.directory import PoolDirectory, ReplicaInfo
 from cluster.types import RoutingStats

@@ -17,7 +17,7 @@ from vllm import SamplingParams
 
 from cluster.protocol import EngineRequest
 from cluster.types import TierPools
-from router.disagg import DisaggregatedBackend
+from router.pd.path import DisaggregatedBackend
 from router.routing.decider import PDDecider
 from router.routing.directory import PoolDirectory
 from router.routing.service import KVRouter
@@ -58,7 +58,7 @@ def test_abort_mid_stream_goes_to_the_decode_replica_of_the_request():
         assert pools.prefill.replica_of("abort", rid) == []  # finished hop: nothing to abort there
     # Decode replicas were spread (so a wrong pick would have shown), and nothing is left behind.
     assert len({r for m, _, r in pools.decode.calls if m == "generate"}) > 1
-    assert backend._hops == {} and all(d.take_pin(f"req-{i}") is None
+    assert backend.hops._in_flight == {} and all(d.take_pin(f"req-{i}") is None
                                        for d in (pools.prefill.directory, pools.decode.directory)
                                        for i in range(30))
 
@@ -87,7 +87,7 @@ def test_a_stream_left_mid_decode_is_aborted_on_its_decode_replica_without_an_ab
     for i in range(10):
         rid = f"req-{i}"
         assert pools.decode.replica_of("abort", rid) == pools.decode.replica_of("generate", rid)
-    assert backend._hops == {} and backend._aborts == set()
+    assert backend.hops._in_flight == {} and backend.hops._aborts == set()
 
 
 def test_abort_of_a_finished_or_unknown_request_sends_nothing():

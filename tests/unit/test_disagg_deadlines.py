@@ -11,7 +11,7 @@ import pytest
 
 from cluster.app import max_queued_requests
 from cluster.config import AdmissionConfig
-from router import disagg
+from router.pd import hops
 from router.openai.errors import OpenAIError
 from tests.unit.test_disagg_abort import make_backend, request
 
@@ -19,7 +19,7 @@ from tests.unit.test_disagg_abort import make_backend, request
 def test_a_decode_with_no_first_token_is_a_429_within_the_deadline():
     async def main():
         backend, pools = make_backend()
-        backend._decode_first_token_timeout_s = 0.2
+        backend.hops._decode_first_token_timeout_s = 0.2
         pools.decode.hang_decode = True
         it = backend.generate(request(0))
         await anext(it)  # the prefill's token (first-token reuse); then the decode hop
@@ -33,13 +33,13 @@ def test_a_decode_with_no_first_token_is_a_429_within_the_deadline():
     assert "first token" in error.message
     assert 0.2 <= seconds < 1.0
     assert len(pools.decode.replica_of("generate", "req-0")) == 1  # a timeout is not retried: no double hold
-    assert backend._hops == {}
+    assert backend.hops._in_flight == {}
 
 
 def test_a_slow_first_token_within_the_deadline_streams_on():
     async def main():
         backend, _ = make_backend()
-        backend._decode_first_token_timeout_s = 1.0
+        backend.hops._decode_first_token_timeout_s = 1.0
         it = backend.generate(request(1))
         chunks = [await anext(it) for _ in range(5)]  # each 10 ms apart: later gaps are not bounded
         await it.aclose()
@@ -66,7 +66,7 @@ def test_serve_backpressure_on_decode_is_a_429():
 
 
 def test_an_abort_that_never_answers_is_given_up(monkeypatch):
-    monkeypatch.setattr(disagg, "ABORT_TIMEOUT_S", 0.2)
+    monkeypatch.setattr(hops, "ABORT_TIMEOUT_S", 0.2)
 
     async def main():
         backend, pools = make_backend()

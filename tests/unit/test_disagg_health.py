@@ -8,13 +8,13 @@ import asyncio
 
 import pytest
 
-import router.disagg
+import router.pd.hops
 from tests.unit.test_disagg_abort import make_backend
 
 
 @pytest.fixture(autouse=True)
 def short_timeout(monkeypatch):
-    monkeypatch.setattr(router.disagg, "HEALTH_TIMEOUT_S", 0.05)
+    monkeypatch.setattr(router.pd.hops, "HEALTH_TIMEOUT_S", 0.05)
 
 
 def test_every_pool_answering_is_ready():

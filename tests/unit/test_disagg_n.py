@@ -1,4 +1,4 @@
-"""Sampling n > 1 through DisaggregatedBackend (router/disagg.py, router/samples.py): one prefill, n decode
+"""Sampling n > 1 through DisaggregatedBackend (router/pd/path.py, router/pd/samples.py): one prefill, n decode
 requests on one decode replica (the first pulls the KV, the others start after its first
 output, from decode's prefix cache), vLLM's seeds (seed + i), outputs re-indexed per sample
 with one finish, aborts of every sample; and the prompt's logprobs, computed by the prefill,
@@ -13,7 +13,7 @@ from dataclasses import replace
 from vllm import SamplingParams
 
 from cluster.protocol import EngineRequest, finish_reason, new_token_ids
-from router import samples as n_path
+from router.pd import samples as n_path
 from tests.fakes import RecordingMetric
 from tests.unit.test_disagg_abort import TIER, make_backend
 
@@ -111,7 +111,7 @@ def test_n_samples_share_one_prefill_and_one_decode_replica(monkeypatch):
     assert by_index == {0: 4, 1: 4, 2: 4}
     assert [o.finished for o in outputs] == [False] * (len(outputs) - 1) + [True]
     assert sorted(o.outputs[0].index for o in outputs if o.outputs[0].finish_reason == "length") == [0, 1, 2]
-    assert backend._hops == {} and backend._samples == {}
+    assert backend.hops._in_flight == {} and backend.hops._samples == {}
     assert counted.values("inc", path="decode", reason="n") == [1]  # counted once per request
 
 
@@ -148,7 +148,7 @@ def test_abort_reaches_every_sample_in_flight():
         assert pools.decode.replica_of("abort", rid) == pools.decode.replica_of("generate", rid)
         assert len(pools.decode.replica_of("abort", rid)) == 1
     assert pools.decode.replica_of("abort", "req-1") == []  # the client's id is no engine's request
-    assert backend._hops == {} and backend._samples == {}
+    assert backend.hops._in_flight == {} and backend.hops._samples == {}
 
 
 def test_n_samples_without_a_handoff_all_compute_the_prompt_on_decode():
@@ -220,7 +220,7 @@ def test_abort_while_the_n_request_waits_for_its_prefill_reaches_the_prefill_rep
     assert pools.prefill.replica_of("abort", "req-6-s0") == pools.prefill.replica_of("prefill", "req-6-s0")
     assert len(pools.prefill.replica_of("abort", "req-6-s0")) == 1
     assert pools.decode.calls == []
-    assert backend._hops == {} and backend._samples == {}
+    assert backend.hops._in_flight == {} and backend.hops._samples == {}
 
 
 def test_n_samples_the_decider_keeps_local_skip_the_prefill_pool():

@@ -1,4 +1,4 @@
-"""First-token reuse (kv_transfer/first_token.py and its use in router/disagg.py): which
+"""First-token reuse (kv_transfer/first_token.py and its use in router/pd/path.py): which
 requests may reuse the prefill's token, the decode request that continues after it, the
 pull bound of the connector, and the path through the backend."""
 
@@ -135,7 +135,7 @@ def test_an_answer_that_ends_on_the_first_token_never_calls_decode(monkeypatch):
     outputs = _collect(backend, EngineRequest("req-2", (1, 2, 3), SamplingParams(max_tokens=5), tier="interactive"))
     assert [finish_reason(o) for o in outputs] == ["stop"]
     assert pools.decode.replica_of("generate", "req-2") == []
-    assert backend._hops == {}
+    assert backend.hops._in_flight == {}
 
 
 def test_a_request_the_prefill_cannot_serve_exactly_asks_no_first_token():

@@ -10,7 +10,7 @@ import asyncio
 from vllm import SamplingParams
 
 from cluster.protocol import EngineRequest, new_token_ids
-from router import disagg
+from router.pd import path as disagg
 from router.routing.cost_model import EngineCostModel
 from router.routing.decider import DecodeView, Objectives, PDDecider, PrefillView, RequestView, decide
 from tests.fakes import RecordingMetric

@@ -3,9 +3,10 @@ router/routing/build.py → cluster/app.py was one, held together by an import i
 
 The graph is read from the source with ast, so nothing is imported: every `import` counts,
 also those inside functions (an import moved into a function hides a circle, it does not
-break it); only imports under `if TYPE_CHECKING:` do not (they never run). A package's
-implicit import of its parents is not an edge: a facade `__init__` re-exporting its modules
-(cluster/config/) is how Python packages work."""
+break it) and those under `if TYPE_CHECKING:` (they never run, but a circle of types is still
+two modules that each need the other to be read: router/disagg.py ↔ router/samples.py was one,
+issue 30). A package's implicit import of its parents is not an edge: a facade `__init__`
+re-exporting its modules (cluster/config/) is how Python packages work."""
 
 from __future__ import annotations
 
@@ -28,21 +29,11 @@ def _modules() -> dict[str, Path]:
     return found
 
 
-def _is_type_checking(node: ast.If) -> bool:
-    test = node.test
-    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
-        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
-
-
 def _imports(tree: ast.AST, module: str, is_package: bool) -> set[str]:
     """Names of the modules `module` imports, as written (resolved against `modules` later)."""
     names: set[str] = set()
 
     def visit(node: ast.AST) -> None:
-        if isinstance(node, ast.If) and _is_type_checking(node):
-            for child in node.orelse:
-                visit(child)
-            return
         if isinstance(node, ast.Import):
             names.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom):
@@ -101,11 +92,11 @@ def test_the_graph_sees_the_project():
     assert "router.gateway" in graph["cluster.app"]  # an import inside build_app counts
 
 
-def test_find_cycle_finds_one_through_a_function_level_import():
+def test_find_cycle_finds_one_through_a_function_level_or_type_only_import():
     assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
     assert find_cycle({"a": {"b"}, "b": set(), "c": {"a", "b"}}) is None
     tree = ast.parse("def f():\n    from x import y\nif TYPE_CHECKING:\n    import z\n")
-    assert _imports(tree, "m", False) == {"x", "x.y"}
+    assert _imports(tree, "m", False) == {"x", "x.y", "z"}
 
 
 def test_no_import_circle_among_the_projects_modules():

@@ -1,4 +1,4 @@
-"""router/prewarm.py: every prefill/decode pair of a tier gets one request through exactly
+"""router/pd/prewarm.py: every prefill/decode pair of a tier gets one request through exactly
 that pair; a new replica gets its pairs warmed, nothing is warmed twice, failures retry."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import random
 
-from router.prewarm import HandshakeWarmer
+from router.pd.prewarm import HandshakeWarmer
 from router.routing.decider import PDDecider
 from router.routing.directory import PoolDirectory, ReplicaInfo
 from router.routing.service import KVRouter

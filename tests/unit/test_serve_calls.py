@@ -1,11 +1,11 @@
-"""router/serve_calls.py: a handle call made inside `own_request_id()` carries an internal
+"""router/pd/serve_calls.py: a handle call made inside `own_request_id()` carries an internal
 request id of its own; the request id (what logs show) and the rest of the context stay."""
 
 from __future__ import annotations
 
 from ray.serve import context
 
-from router.serve_calls import own_request_id, remote
+from router.pd.serve_calls import own_request_id, remote
 
 
 def test_each_call_gets_its_own_internal_id_and_keeps_the_rest():

@@ -97,8 +97,8 @@ async def tokens_of(backend, req) -> int:
 
 
 def assert_no_leak(router: KVRouter) -> None:
-    assert router._queued_tokens == {} and router._prompts == {} and router._pending == {}
-    assert router._in_flight == {}
+    assert router._ledger._queued_tokens == {} and router._ledger._prompts == {} and router._ledger._pending == {}
+    assert router._ledger._in_flight == {}
 
 
 def test_the_whole_request_streams_from_the_prefill_replica_alone():

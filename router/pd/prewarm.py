@@ -7,7 +7,8 @@ whenever the routing directory shows a pair of one tier that it has not warmed (
 start, a restarted or autoscaled replica), sends one tiny request through exactly that pair:
 a prefill pinned to the prefill replica, then a decode with its handoff pinned to the decode
 replica. Ray Serve LLM does the same from its decode server (`_prewarm_prefill_decode`); here
-the gateway already knows every live replica of both pools and can pin to each.
+the gateway already knows every live replica of both pools and can pin to each. The calls
+themselves are hops.py's (`stats`, `warm_pair`).
 
 A failed warm-up costs nothing but the handshake on the first real request: it is logged
 and retried on the next pass. Lifecycle: `start()` once on the gateway's loop, `stop()` on
@@ -24,9 +25,9 @@ from typing import Callable, Mapping, Optional
 
 from cluster.protocol import EngineRequest
 from cluster.types import ROLES, TierPools
+from router.pd.hops import Hops
 from router.routing.service import KVRouter
 from router.routing.types import Pick, Worker
-from router.serve_calls import remote
 
 log = logging.getLogger(__name__)
 
@@ -45,8 +46,11 @@ def _warm_sampling():
 class HandshakeWarmer:
     def __init__(self, *, pools: Mapping[str, TierPools], router: KVRouter,
                  interval_s: float = PASS_INTERVAL_S, on_warmed: Callable[[str, str], None] = lambda p, d: None):
-        self._pools = pools
+        self._tiers = list(pools)
         self._router = router  # a KVRouter: its directories list the replicas and pin requests
+        # Hops of its own: a warm-up is no client's request and shares no abort bookkeeping
+        # with theirs; `stats` and `warm_pair` take their deadline per call (HOP_TIMEOUT_S).
+        self._hops = Hops(pools, router, prefill_timeout_s=HOP_TIMEOUT_S)
         self._interval_s = interval_s
         self._on_warmed = on_warmed
         self.warmed: set[tuple[str, str]] = set()  # (prefill worker id, decode worker id)
@@ -72,16 +76,16 @@ class HandshakeWarmer:
     async def _discover(self) -> None:
         """Serve builds a handle's request router, which lists the replicas in the directory,
         on the handle's first call: make one (cheap) where a pool shows no replica yet."""
-        for tier, pools in self._pools.items():
+        for tier in self._tiers:
             for role in ROLES:
                 if not self._router.workers(tier, role):
                     with contextlib.suppress(Exception):
-                        await asyncio.wait_for(remote(pools.of(role).stats), HOP_TIMEOUT_S)
+                        await self._hops.stats(tier, role, HOP_TIMEOUT_S)
 
     def pending(self) -> list[tuple[str, Worker, Worker]]:
         """(tier, prefill, decode) pairs of live replicas not yet warmed."""
         pairs = []
-        for tier in self._pools:
+        for tier in self._tiers:
             for prefill in self._router.workers(tier, "prefill"):
                 for decode in self._router.workers(tier, "decode"):
                     if (prefill.worker_id, decode.worker_id) not in self.warmed:
@@ -104,16 +108,6 @@ class HandshakeWarmer:
         return warmed
 
     async def _warm(self, tier: str, prefill: Worker, decode: Worker) -> None:
-        pools = self._pools[tier]
         request = EngineRequest(f"warmup-{uuid.uuid4().hex}", WARM_PROMPT,
                                 _warm_sampling(), tier=tier)
-        with self._router.dispatch(Pick(prefill, 1.0, {}), request.request_id):
-            result = await asyncio.wait_for(remote(pools.prefill.prefill, request, False), HOP_TIMEOUT_S)
-        handoff = result.handoff  # made and stamped by the prefill replica
-
-        async def drain() -> None:
-            with self._router.dispatch(Pick(decode, 1.0, {}), request.request_id):
-                async for _ in remote(pools.decode.options(stream=True).generate, request, handoff):
-                    pass
-
-        await asyncio.wait_for(drain(), HOP_TIMEOUT_S)
+        await self._hops.warm_pair(request, Pick(prefill, 1.0, {}), Pick(decode, 1.0, {}), HOP_TIMEOUT_S)

@@ -1,0 +1,141 @@
+"""DisaggregatedBackend: one request's path through the pools, behind the OpenAI edge; the
+policy only (how each hop is sent, timed, retried and aborted: hops.py).
+
+The KVRouter decides the path (router/routing/service.py, types.py Path):
+- remote: prefill pool (max_tokens=1, returns a Handoff and the answer's first token) → the
+  first token to the client → decode pool (pulls the KV over NIXL, continues after the first
+  token, streams). Where the prefill's token cannot serve as the first
+  (kv_transfer/first_token.py names why), decode samples it itself, as without reuse.
+- local: the decode replica computes the prompt and streams (no prefill hop, no KV transfer).
+- whole: a short answer runs whole on the prefill replica chosen (no decode hop, no transfer).
+The router never fails a request: when it cannot decide, Serve picks the replicas (path remote).
+
+Failure policy, in order of what can go wrong:
+- the prefill hop raises, times out, or returns no handoff → decode computes the prompt
+  itself ("fallback_recompute", counted by reason). Latency, not a lost request. The same
+  for a whole request on prefill that fails or times out before its first token.
+- the KV pull fails inside decode → vLLM's kv_load_failure_policy=recompute handles it.
+- the decode hop fails before the first token → retried once on the decode pool (hops.py).
+- the decode hop yields no first token within decode_first_token_timeout_s, or Serve's queue
+  for the decode pool is full → 429 (the request gives its admission place back at once).
+
+Sampling n > 1: one prefill, n decode requests on one decode replica (samples.py).
+
+Streams are vLLM RequestOutputs (DELTA), index set per sample, as vLLM's AsyncLLM yields them.
+Metrics: `tandem_route{path}` counts the path each request took in the end (path_metrics.py).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from typing import TYPE_CHECKING, Any, AsyncIterator, Mapping, Optional
+
+from cluster.protocol import EngineRequest
+from cluster.types import TierPools
+from kv_transfer.first_token import FirstTokenOffset, continuation, reuse_blocker
+from router.path_metrics import FIRST_TOKEN, count_prefilled, count_route
+from router.pd.hops import Hops, WholeFailed
+from router.pd.samples import generate_n, without_prompt_logprobs
+from router.routing.service import KVRouter
+from router.routing.types import Path, RouteDecision, RouteLabel
+
+if TYPE_CHECKING:
+    from vllm.outputs import RequestOutput
+
+log = logging.getLogger(__name__)
+
+
+class DisaggregatedBackend:
+    """The P/D path over the pools of each tier (the engine client's backend,
+    router/openai/engine_client.py)."""
+
+    def __init__(self, *, pools: Mapping[str, TierPools],
+                 prefill_timeout_s: float, router: Optional[KVRouter] = None,
+                 first_token_reuse: bool = True, decode_first_token_timeout_s: float = 120.0):
+        self._router = router  # None: Serve's own replica choice
+        self._first_token_reuse = first_token_reuse
+        self.hops = Hops(pools, router, prefill_timeout_s=prefill_timeout_s,
+                         decode_first_token_timeout_s=decode_first_token_timeout_s)
+
+    async def generate(self, request: EngineRequest) -> AsyncIterator[RequestOutput]:
+        if request.sampling.n > 1:
+            # aclosing: a client that leaves stops its samples now, not when the garbage
+            # collector finds the suspended generator.
+            async with contextlib.aclosing(generate_n(self.hops, self._route, request)) as outputs:
+                async for output in outputs:
+                    yield output
+            return
+        tier = request.tier
+        decision = await self._route(request)
+        path: Path = "remote" if decision is None else decision.path  # undecided: Serve picks, remote
+        first = prompt_logprobs = None
+        handoff = None
+        route: RouteLabel
+        if decision is not None and path == "whole":
+            try:
+                counted = False
+                # aclosing: a client that leaves closes the hop now (its abort, its in-flight
+                # count), not when the garbage collector finds the suspended generator.
+                async with contextlib.aclosing(self.hops.whole(request, decision.prefill)) as whole:
+                    async for output in whole:
+                        if not counted:
+                            counted = True
+                            count_route(tier, "prefill_only")
+                        yield output
+                return
+            except WholeFailed as failed:  # before its first token: decode computes it
+                route = "fallback_recompute"
+                count_route(tier, route, failed.reason)
+        elif path == "local":
+            route = "decode_only"  # decode computes the prompt
+            count_route(tier, route)
+        else:
+            reuse = self._reuse_first_token(request, decision)
+            answer = await self.hops.prefill(request, None if decision is None else decision.prefill, reuse)
+            route = count_prefilled(tier, answer.failed)
+            handoff, first, prompt_logprobs = answer.handoff, answer.first, answer.prompt_logprobs
+        offset = None
+        if first is not None:
+            # The prefill's token goes out now; decode continues after it.
+            first.prompt_logprobs, prompt_logprobs = prompt_logprobs, None
+            yield first
+            if first.finished:
+                return
+            offset = FirstTokenOffset(first.outputs[0].cumulative_logprob)
+            request = continuation(request, first)
+        elif prompt_logprobs is not None:
+            request = without_prompt_logprobs(request)
+        decode = None if decision is None else decision.decode
+        async with contextlib.aclosing(self.hops.decode(request, handoff, decode, route=route)) as decoded:
+            async for output in decoded:
+                if prompt_logprobs is not None:
+                    output.prompt_logprobs, prompt_logprobs = prompt_logprobs, None
+                yield output if offset is None else offset.apply(output)
+
+    async def _route(self, request: EngineRequest) -> Optional[RouteDecision]:
+        if self._router is None:
+            return None
+        try:
+            return await self._router.route(request, request.tier)
+        except Exception:  # routing must never fail a request
+            log.exception("request %s: routing failed; Serve picks the replicas", request.request_id)
+            count_route(request.tier, "router_error")
+            return None
+
+    def _reuse_first_token(self, request: EngineRequest, decision: Optional[RouteDecision]) -> bool:
+        """Whether the prefill's token can be the answer's first (kv_transfer/first_token.py) and
+        the P/D decider finds it pays (rule 9: "handoff_gap" when not); counted either way."""
+        blocker = reuse_blocker(request.sampling) if self._first_token_reuse else "off"
+        if blocker is None and decision is not None and not decision.reuse_first_token:
+            blocker = "handoff_gap"
+        FIRST_TOKEN.labels(tier=request.tier, path="prefill" if blocker is None else "decode",
+                           reason=blocker or "").inc()
+        return blocker is None
+
+    async def abort(self, request_id: str) -> None:
+        await self.hops.abort(request_id)
+
+    async def health(self) -> dict[str, Any]:
+        health = await self.hops.health()
+        return {"ready": health.ready, "pools": dict(health.pools)}

@@ -13,7 +13,9 @@ metrics port within Ray's report interval (`RAY_metrics_report_interval_ms`, 10 
 
 Ray's exporter drops a gauge series that is not recorded again within two report intervals
 (its stale-series TTL), so a gauge holding still (a queue at 0) would vanish from the scrape;
-every gauge set here is recorded again each second by one daemon thread per process.
+every gauge set here is recorded again each second by one daemon thread per process. The same
+thread records the counters' increments and the histograms' observations made since its last
+pass (`_Pending`: off the event loop, a counter's second summed into one record).
 
 Outside a Ray worker (unit tests) recording is a silent no-op.
 
@@ -23,6 +25,7 @@ sites read the same as any Prometheus code.
 
 from __future__ import annotations
 
+import atexit
 import threading
 import time
 from typing import Sequence
@@ -68,13 +71,14 @@ class _BoundCounter:
 
     def inc(self, amount: float = 1.0) -> None:
         """`inc(0)` creates the series at 0 (dashboards and alerts see 0, not "no data", before
-        the first event); Ray's public `inc` refuses 0, so that one goes through `_record`."""
+        the first event); Ray's public `inc` refuses 0, so that one goes through `_record`.
+        Other increments are summed here and recorded once a second (`_Pending`)."""
         if amount < 0:
             raise ValueError(f"a counter only goes up, got {amount}")
         if amount == 0:
             self._metric._record(0.0, tags=self._tags)
         else:
-            self._metric.inc(amount, tags=self._tags)
+            _PENDING.inc(self._metric, self._tags, amount)
 
 
 class Histogram(_Metric):
@@ -98,7 +102,7 @@ class _BoundHistogram:
         self._metric, self._tags = metric, tags
 
     def observe(self, value: float) -> None:
-        self._metric.observe(value, tags=self._tags)
+        _PENDING.observe(self._metric, self._tags, value)
 
 
 class Gauge(_Metric):
@@ -125,6 +129,47 @@ class Gauge(_Metric):
 REPUBLISH_INTERVAL_S = 1.0  # under the TTL at Ray's fastest report interval (2 x 1 s)
 
 
+class _Pending:
+    """Counter increments and histogram observations of this process since the last flush.
+
+    Why: one Ray record costs ~15-20 us of CPU (its tags cross into Ray's core each time), and
+    the gateway counts every streamed token (tandem_output_tokens, tandem_itl_seconds): at GPU
+    token rates that was a tenth of its event loop. Here a record is a dict update under a lock;
+    the keeper thread records a counter's sum once per flush and the observations off the event
+    loop. Ray exports every 10 s by default, so a second's delay is not seen."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._counts: dict[tuple[int, tuple], tuple[object, dict[str, str], float]] = {}
+        self._observed: list[tuple[object, dict[str, str], float]] = []
+
+    def inc(self, metric, tags: dict[str, str], amount: float) -> None:
+        key = (id(metric), tuple(tags.items()))
+        with self._lock:
+            entry = self._counts.get(key)
+            self._counts[key] = (metric, tags, amount if entry is None else entry[2] + amount)
+            if entry is None and len(self._counts) == 1 and not self._observed:
+                _KEEPER.start()
+
+    def observe(self, metric, tags: dict[str, str], value: float) -> None:
+        with self._lock:
+            self._observed.append((metric, tags, value))
+            if len(self._observed) == 1 and not self._counts:
+                _KEEPER.start()
+
+    def flush(self) -> None:
+        with self._lock:
+            counts, self._counts = self._counts, {}
+            observed, self._observed = self._observed, []
+        for metric, tags, amount in counts.values():
+            metric.inc(amount, tags=tags)
+        for metric, tags, value in observed:
+            metric.observe(value, tags=tags)
+
+
+_PENDING = _Pending()
+
+
 class _GaugeKeeper:
     """Records every value of the gauges it watches again each REPUBLISH_INTERVAL_S."""
 
@@ -136,9 +181,14 @@ class _GaugeKeeper:
     def watch(self, gauge: "Gauge") -> None:
         with self._lock:
             self._gauges.append(gauge)
+        self.start()
+
+    def start(self) -> None:
+        with self._lock:
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name="tandem-gauge-keeper", daemon=True)
                 self._thread.start()
+                atexit.register(_PENDING.flush)
 
     def _run(self) -> None:
         while True:
@@ -147,6 +197,7 @@ class _GaugeKeeper:
                 gauges = list(self._gauges)
             for gauge in gauges:
                 gauge.republish()
+            _PENDING.flush()
 
 
 _KEEPER = _GaugeKeeper()

@@ -34,6 +34,9 @@ class DecodeWorker(EngineReplica):
         bind_replica_grpc_on_node_address()
         self.tier = tier
         self.start_engine(engine_cls(build_engine_spec(cfg, tier, "kv_consumer")), tier)
+
+    def start_engine(self, engine, tier: str) -> None:
+        super().start_engine(engine, tier)
         # Each gateway's streams leave this replica as one Ray item per step (cluster/engine/outbox.py).
         self.outboxes = Outboxes(self.engine.merge_outputs)
 
@@ -79,9 +82,10 @@ class DecodeWorker(EngineReplica):
         finally:
             box.end(request.request_id, error)
 
-    async def subscribe(self, gateway: str, worker_id: str) -> AsyncIterator[list]:
+    async def subscribe(self, subscription_id: str, gateway: str, worker_id: str) -> AsyncIterator[list]:
         """`gateway`'s outputs from this replica, a batch per item (cluster/engine/outbox.py);
-        refused when Serve routed it to another replica than the one asked for."""
+        refused when Serve routed it to another replica than the one asked for. The id is the
+        call's own, for the gateway's pin (router/routing/serve_router.py request_id_of)."""
         if worker_id != self.info.worker_id:
             raise WrongReplica(f"subscription for {worker_id} reached {self.info.worker_id}")
         async for batch in self.outboxes.subscribe(gateway):

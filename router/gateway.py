@@ -32,6 +32,7 @@ from router.pd.path import DisaggregatedBackend
 from router.openai.app import build_openai_app, vllm_config_of, vllm_server_args
 from router.openai.engine_client import PDEngineClient
 from router.openai.server import GatewayServer
+from router.pd.hops import Hops
 from router.pd.prewarm import HandshakeWarmer
 from router.ratelimit import RateLimiter
 from router.ratelimit_shared import SharedRateLimiter, rate_limiter_from_config
@@ -62,6 +63,7 @@ class GatewayReplica:
             router=self.router,
             first_token_reuse=cfg.kv_transfer.first_token_reuse,
             decode_first_token_timeout_s=cfg.gateway.decode_first_token_timeout_s,
+            decode_streams=cfg.gateway.decode_streams,
         )
         # Every prefill/decode pair does its NIXL handshake before user traffic needs it.
         self.warmer = HandshakeWarmer(pools=pools, router=self.router)
@@ -99,7 +101,7 @@ class GatewayReplica:
         return HttpMetricsMiddleware(app)
 
     async def close(self) -> None:
-        await close_gateway(self.warmer, self.router, self.rate_limits, self.engine_client)
+        await close_gateway(self.warmer, self.router, self.rate_limits, self.engine_client, self.backend.hops)
 
 
 @serve.deployment(name="Gateway", ray_actor_options={"num_cpus": 0})
@@ -133,14 +135,14 @@ class ServeIngressGateway(GatewayReplica):
 
 
 async def close_gateway(warmer: HandshakeWarmer, router: KVRouter, rate_limits: RateLimiter | SharedRateLimiter,
-                        engine_client: PDEngineClient) -> None:
+                        engine_client: PDEngineClient, hops: Hops) -> None:
     """Release what a gateway replica holds, each part even when another fails: the handshake
     warmer's task, the KV-event subscriber threads and the prefix index client (KVRouter.close,
     a Redis connection with the redis backend), the shared rate limiter's Redis connection, the
-    renderer's thread pools."""
-    results = await asyncio.gather(warmer.stop(), asyncio.to_thread(router.close), _close(rate_limits),
+    decode channels' subscriptions (Hops.close), the renderer's thread pools."""
+    results = await asyncio.gather(warmer.stop(), asyncio.to_thread(router.close), _close(rate_limits), hops.close(),
                                    return_exceptions=True)
-    for part, result in zip(("handshake warmer", "KV router", "rate limiter"), results):
+    for part, result in zip(("handshake warmer", "KV router", "rate limiter", "decode channels"), results):
         if isinstance(result, BaseException):
             log.warning("gateway teardown: closing the %s failed: %r", part, result)
     engine_client.shutdown()

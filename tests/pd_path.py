@@ -97,4 +97,7 @@ def fake_pd_path(decider, objectives, prefill_timeout_s: float = 5.0, prefill_ch
     router = KVRouter(directories=dirs, index=None, weights={"load": 1.0}, decider=decider, subscribe=False,
                       rng=random.Random(0), objectives={TIER: objectives}, chunk_budgets={TIER: 64},
                       prefill_chunk_budgets={TIER: prefill_chunk_budget})
-    return DisaggregatedBackend(pools={TIER: pools}, prefill_timeout_s=prefill_timeout_s, router=router), pools, router
+    # Fake pools stream per request (FakeServePool has no outboxes): these tests are of the
+    # path's policy; tests/unit/test_decode_mux.py and tests/serve/ cover per-step streams.
+    return DisaggregatedBackend(pools={TIER: pools}, prefill_timeout_s=prefill_timeout_s, router=router,
+                                decode_streams="per_request"), pools, router

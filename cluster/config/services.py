@@ -58,6 +58,10 @@ class GatewayConfig(_Strict):
         "direct", description="Who serves HTTP: each gateway replica itself on host:port (direct; Serve runs no "
                               "HTTP proxy), or Serve's HTTP proxy relaying every chunk to the replica over Ray "
                               "(serve; ~2x the CPU per streamed token, loadtest/bench/RESULTS.md).")
+    decode_streams: Literal["per_step", "per_request"] = Field(
+        "per_step", description="How decode replicas stream to a gateway: one Ray item per engine step carrying all "
+                                "of its requests there (per_step), or one per output of each request (per_request, "
+                                "what tandem did until 2026-12-03; ~5x the CPU per token, loadtest/bench/RESULTS.md).")
     replicas: int = Field(1, ge=1, description="Gateway replicas. With ingress direct, replicas on one node share "
                                                "the port (SO_REUSEPORT). Each holds its own admission places, "
                                                "load ledger and (unless auth.rate_limit_store is redis) rate "

@@ -165,9 +165,12 @@ class StepClock:
         self._waiters: list[asyncio.Future] = []
         self._timer: Optional[asyncio.TimerHandle] = None
         self._last = 0.0  # the last boundary fired: asyncio may fire a timer up to its clock resolution early
+        self._loop: Optional[asyncio.AbstractEventLoop] = None
 
     def next_step(self) -> asyncio.Future:
         loop = asyncio.get_running_loop()
+        if self._loop is not loop:  # a new event loop (a test's next asyncio.run): the old timer never fires
+            self._loop, self._waiters, self._timer = loop, [], None
         step = loop.create_future()
         self._waiters.append(step)
         if self._timer is None:

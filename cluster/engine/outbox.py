@@ -28,7 +28,17 @@ import asyncio
 import time
 from typing import Any, AsyncIterator, Callable, Optional, Sequence
 
-END = "__tandem_end__"  # the output that ends one request's stream on the gateway
+class _End:
+    """The output that ends one request's stream on the gateway (unpickles as END itself)."""
+
+    def __reduce__(self):
+        return "END"
+
+    def __repr__(self) -> str:
+        return "END"
+
+
+END = _End()
 
 
 class Failed:

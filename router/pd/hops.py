@@ -29,8 +29,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import time
+import uuid
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, AsyncIterator, Iterator, Literal, Mapping, Optional, Sequence
 
@@ -40,7 +42,9 @@ from kv_transfer.handoff import Handoff, HandoffMismatch
 from router.openai.errors import bad_request, too_many_requests
 from router.path_metrics import (DECODE_FIRST_TOKEN_SECONDS, DECODE_REFUSED, DECODE_RETRIES, HEALTH_PROBES,
                                  PREFILL_HOP_SECONDS)
+from router.pd.channels import Batch, ChannelLost, DecodeChannels
 from router.pd.serve_calls import remote
+from router.routing.directory import pool_directory
 from router.routing.types import Pick, RouteLabel
 
 if TYPE_CHECKING:
@@ -57,6 +61,9 @@ ABORT_TIMEOUT_S = 5.0  # an abort that does not answer in this is given up (the 
 PrefillFailure = Literal["prefill_timeout", "bad_handoff", "prefill_error"]
 WholeFailure = Literal["prefill_timeout", "prefill_queue_full", "prefill_error"]
 PoolState = Literal["ready", "busy", "no answer", "down"]
+# How decode outputs reach the gateway: one Ray item per engine step for all of this gateway's
+# requests on a replica (channels.py), or one per output per request (each its own Serve stream).
+DecodeStreams = Literal["per_step", "per_request"]
 
 
 @dataclass(frozen=True)
@@ -103,14 +110,19 @@ class Hops:
     """The P/D path's calls over Ray Serve handles to the pools of each tier."""
 
     def __init__(self, pools: Mapping[str, TierPools], router: Optional[KVRouter] = None, *,
-                 prefill_timeout_s: float, decode_first_token_timeout_s: float = 120.0):
+                 prefill_timeout_s: float, decode_first_token_timeout_s: float = 120.0,
+                 decode_streams: DecodeStreams = "per_step"):
         self._pools = pools
+        # per_step needs a router: a channel is opened to a replica known by worker id.
+        self._per_step = decode_streams == "per_step" and router is not None
         self._router = router  # None: Serve's own replica choice
         self._prefill_timeout_s = prefill_timeout_s
         self._decode_first_token_timeout_s = decode_first_token_timeout_s
         self._in_flight: dict[str, dict[str, _Hop]] = {}  # request_id → pool → the hop in flight
         self._samples: dict[str, list[str]] = {}  # request_id → its samples' ids (n > 1)
         self._aborts: set[asyncio.Task] = set()  # fire-and-forget aborts, kept from the GC
+        self.gateway_id = uuid.uuid4().hex  # names this gateway's outbox on each decode replica
+        self._decode_channels: dict[str, DecodeChannels] = {}  # tier → channels to its decode replicas
 
     # -- the hops ---------------------------------------------------------------------------------
 
@@ -303,9 +315,44 @@ class Hops:
         return remote(self._pools[request.tier].prefill.prefill, request, first_token)
 
     def _decode_stream(self, request: EngineRequest, handoff: Optional[Handoff]) -> Any:
-        """The decode hop's transport: a Serve response generator of its own (iterate it, or
-        `cancel()` it)."""
-        return remote(self._pools[request.tier].decode.options(stream=True).generate, request, handoff)
+        """The decode hop's transport (iterate it, or `cancel()` it): the request's own `run`
+        call, its outputs through this gateway's channel to the replica it landed on, one Ray
+        item per engine step for all requests there (channels.py). `per_request` (or without
+        a router, which knows the replicas by id): a Serve stream of its own, an item per output."""
+        decode = self._pools[request.tier].decode.options(stream=True)
+        if not self._per_step:
+            return remote(decode.generate, request, handoff)
+        run = remote(decode.run, request, handoff, self.gateway_id)
+        return self._channels(request.tier).stream(request.request_id, run)
+
+    def _channels(self, tier: str) -> DecodeChannels:
+        channels = self._decode_channels.get(tier)
+        if channels is None:
+            channels = self._decode_channels[tier] = DecodeChannels(functools.partial(self._subscription, tier))
+        return channels
+
+    async def _subscription(self, tier: str, worker_id: str) -> AsyncIterator[Batch]:
+        """This gateway's subscription to one decode replica, pinned to it by worker id until
+        its first batch (the replica refuses one that Serve sent elsewhere)."""
+        worker = next((w for w in self._router.workers(tier, "decode") if w.worker_id == worker_id), None)
+        if worker is None:
+            raise ChannelLost(f"decode replica {worker_id} is not (or no longer) in the pool's directory")
+        directory = pool_directory(PoolId(tier, "decode"))
+        subscription_id = f"subscribe-{uuid.uuid4().hex}"
+        directory.pin(subscription_id, worker.replica_id)
+        stream = remote(self._pools[tier].decode.options(stream=True).subscribe, subscription_id,
+                        self.gateway_id, worker_id)
+        try:
+            async for batch in stream:
+                directory.unpin(subscription_id)
+                yield batch
+        finally:
+            directory.unpin(subscription_id)
+            stream.cancel()
+
+    async def close(self) -> None:
+        """Stop this gateway's decode channels (teardown)."""
+        await asyncio.gather(*(channels.close() for channels in self._decode_channels.values()))
 
     def _whole_stream(self, request: EngineRequest) -> Any:
         return remote(self._pools[request.tier].prefill.options(stream=True).generate, request)

@@ -35,7 +35,7 @@ from cluster.protocol import EngineRequest
 from cluster.types import TierPools
 from kv_transfer.first_token import FirstTokenOffset, continuation, reuse_blocker
 from router.path_metrics import FIRST_TOKEN, count_prefilled, count_route
-from router.pd.hops import Hops, WholeFailed
+from router.pd.hops import DecodeStreams, Hops, WholeFailed
 from router.pd.samples import generate_n, without_prompt_logprobs
 from router.routing.service import KVRouter
 from router.routing.types import Path, RouteDecision, RouteLabel
@@ -52,11 +52,12 @@ class DisaggregatedBackend:
 
     def __init__(self, *, pools: Mapping[str, TierPools],
                  prefill_timeout_s: float, router: Optional[KVRouter] = None,
-                 first_token_reuse: bool = True, decode_first_token_timeout_s: float = 120.0):
+                 first_token_reuse: bool = True, decode_first_token_timeout_s: float = 120.0,
+                 decode_streams: DecodeStreams = "per_step"):
         self._router = router  # None: Serve's own replica choice
         self._first_token_reuse = first_token_reuse
         self.hops = Hops(pools, router, prefill_timeout_s=prefill_timeout_s,
-                         decode_first_token_timeout_s=decode_first_token_timeout_s)
+                         decode_first_token_timeout_s=decode_first_token_timeout_s, decode_streams=decode_streams)
 
     async def generate(self, request: EngineRequest) -> AsyncIterator[RequestOutput]:
         if request.sampling.n > 1:

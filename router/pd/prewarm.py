@@ -50,7 +50,8 @@ class HandshakeWarmer:
         self._router = router  # a KVRouter: its directories list the replicas and pin requests
         # Hops of its own: a warm-up is no client's request and shares no abort bookkeeping
         # with theirs; `stats` and `warm_pair` take their deadline per call (HOP_TIMEOUT_S).
-        self._hops = Hops(pools, router, prefill_timeout_s=HOP_TIMEOUT_S)
+        # One request per pair: its own Serve stream, no channel to the replica for it.
+        self._hops = Hops(pools, router, prefill_timeout_s=HOP_TIMEOUT_S, decode_streams="per_request")
         self._interval_s = interval_s
         self._on_warmed = on_warmed
         self.warmed: set[tuple[str, str]] = set()  # (prefill worker id, decode worker id)

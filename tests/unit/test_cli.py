@@ -13,7 +13,9 @@ def test_check_config_prints_the_resolved_config(capsys):
     assert cli.main(["check-config", str(cli.DEFAULT_CONFIG)]) == 0
     resolved = json.loads(capsys.readouterr().out)
     assert resolved["model"]["name"] == "SmolLM2-135M-Instruct"
-    assert resolved["gateway"] == {"host": "127.0.0.1", "port": 8000, "max_body_bytes": 4 << 20,
+    assert resolved["gateway"] == {"host": "127.0.0.1", "port": 8000, "ingress": "direct",
+                                   "decode_streams": "per_step", "replicas": 1,
+                                   "max_body_bytes": 4 << 20,
                                    "body_read_timeout_s": 10.0, "health_interval_s": 1.0,
                                    "decode_first_token_timeout_s": 120.0, "allowed_hosts": None}
 

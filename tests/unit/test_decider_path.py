@@ -32,7 +32,7 @@ def make_backend(queued_prompt_tokens: int, mode: str = "adaptive"):
     router = KVRouter(directories=dirs, index=None, weights={"load": 1.0}, decider=PDDecider(mode=mode),
                       subscribe=False, rng=random.Random(0), objectives={TIER: Objectives(ttft_s=1.0, itl_s=0.1, gap_s=0.2)},
                       chunk_budgets={TIER: 64})
-    backend = DisaggregatedBackend(pools={TIER: pools}, prefill_timeout_s=5, router=router)
+    backend = DisaggregatedBackend(pools={TIER: pools}, decode_streams="per_request", prefill_timeout_s=5, router=router)
     return backend, pools
 
 

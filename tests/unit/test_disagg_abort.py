@@ -32,7 +32,7 @@ def make_backend(*, routed: bool = True, hang_prefill: bool = False, prefill_tim
                       decode=FakeServePool(dirs[(TIER, "decode")], ["d0", "d1", "d2"]))
     router = KVRouter(directories=dirs, index=None, weights={"load": 1.0}, decider=PDDecider(0),
                       subscribe=False, rng=random.Random(7)) if routed else None
-    backend = DisaggregatedBackend(pools={TIER: pools}, prefill_timeout_s=prefill_timeout_s, router=router)
+    backend = DisaggregatedBackend(pools={TIER: pools}, decode_streams="per_request", prefill_timeout_s=prefill_timeout_s, router=router)
     return backend, pools
 
 

@@ -12,7 +12,6 @@ import pytest
 from cluster.config import EngineConfig, KVTransferConfig
 from cluster.engine.base import EngineSpec
 from cluster.engine.fake import FakeEngine, FakeKnobs, fake_tokens
-from cluster.engine.replica import EngineReplica
 from cluster.protocol import EngineRequest
 from kv_transfer.nixl import NixlEndpoint
 
@@ -34,7 +33,7 @@ def _worker(cls_path: str, role: str, knobs: FakeKnobs = FakeKnobs(), **spec):
     cls = getattr(importlib.import_module(module), name).func_or_class
     worker = object.__new__(cls)
     worker.tier = "interactive"
-    EngineReplica.start_engine(worker, FakeEngine(_spec(role, **spec), knobs), "interactive")
+    worker.start_engine(FakeEngine(_spec(role, **spec), knobs), "interactive")
     worker._metrics.stop()
     return worker
 

@@ -6,6 +6,7 @@ client releases its renderer; one part failing does not keep the others open."""
 from __future__ import annotations
 
 import asyncio
+from types import SimpleNamespace
 import random
 
 from router.gateway import Gateway, close_gateway
@@ -47,6 +48,14 @@ class _SharedLimiter:
         self.closed = True
 
 
+class _Hops:
+    def __init__(self) -> None:
+        self.closed = False
+
+    async def close(self) -> None:
+        self.closed = True
+
+
 class _EngineClient:
     shut = False
 
@@ -65,17 +74,17 @@ def _router() -> tuple[KVRouter, _Index, _Subscriber]:
 
 def test_teardown_closes_router_index_subscribers_limiter_and_client():
     router, index, sub = _router()
-    warmer, limiter, client = _Warmer(), _SharedLimiter(), _EngineClient()
-    asyncio.run(close_gateway(warmer, router, limiter, client))
-    assert warmer.stopped and sub.stopped and index.closed and limiter.closed and client.shut
+    warmer, limiter, client, hops = _Warmer(), _SharedLimiter(), _EngineClient(), _Hops()
+    asyncio.run(close_gateway(warmer, router, limiter, client, hops))
+    assert warmer.stopped and sub.stopped and index.closed and limiter.closed and client.shut and hops.closed
     assert router._subscribers == {}
 
 
 def test_one_part_failing_does_not_keep_the_others_open():
     router, index, sub = _router()
-    warmer, client = _Warmer(fail=True), _EngineClient()
-    asyncio.run(close_gateway(warmer, router, RateLimiter({}), client))  # in-memory limiter: nothing to close
-    assert warmer.stopped and sub.stopped and index.closed and client.shut
+    warmer, client, hops = _Warmer(fail=True), _EngineClient(), _Hops()
+    asyncio.run(close_gateway(warmer, router, RateLimiter({}), client, hops))  # in-memory limiter: nothing to close
+    assert warmer.stopped and sub.stopped and index.closed and client.shut and hops.closed
 
 
 def test_serve_runs_it_on_replica_shutdown():
@@ -83,7 +92,7 @@ def test_serve_runs_it_on_replica_shutdown():
     router, index, sub = _router()
     gateway = Gateway.func_or_class.__new__(Gateway.func_or_class)  # the class Serve instantiates, without __init__
     gateway.warmer, gateway.router, gateway.rate_limits = _Warmer(), router, _SharedLimiter()
-    gateway.engine_client = _EngineClient()
+    gateway.engine_client, gateway.backend = _EngineClient(), SimpleNamespace(hops=_Hops())
     assert asyncio.iscoroutinefunction(Gateway.func_or_class.__del__)
     asyncio.run(gateway.__del__())
-    assert index.closed and gateway.rate_limits.closed and gateway.engine_client.shut
+    assert index.closed and gateway.rate_limits.closed and gateway.engine_client.shut and gateway.backend.hops.closed

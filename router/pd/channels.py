@@ -26,7 +26,7 @@ import contextlib
 import logging
 from typing import Any, AsyncIterator, Callable
 
-from cluster.engine.outbox import Failed
+from cluster.engine.outbox import END, Failed
 
 log = logging.getLogger(__name__)
 
@@ -94,7 +94,7 @@ class DecodeChannels:
         try:
             while True:
                 output = await sink.get()
-                if isinstance(output, str):  # END
+                if output is END:
                     return
                 if isinstance(output, Failed):
                     raise output.error
@@ -104,6 +104,9 @@ class DecodeChannels:
             if not watcher.done():
                 watcher.cancel()
             run.cancel()  # a no-op when it ended; else the engine aborts the request
+
+    def stream(self, request_id: str, run: Any) -> "ChannelStream":
+        return ChannelStream(self.outputs(request_id, run), run)
 
     async def close(self) -> None:
         channels = list(self._channels.values())
@@ -127,3 +130,17 @@ async def _watch(run: Any, sink: asyncio.Queue) -> None:
         raise
     except Exception as exc:
         sink.put_nowait(Failed(exc))
+
+
+class ChannelStream:
+    """One request's outputs as the P/D path reads a decode stream: iterate it, or `cancel()`
+    it (the run call is cancelled; the iterator's own cleanup runs when it is closed)."""
+
+    def __init__(self, outputs: AsyncIterator[Any], run: Any):
+        self._outputs, self._run = outputs, run
+
+    def __aiter__(self) -> AsyncIterator[Any]:
+        return self._outputs
+
+    def cancel(self) -> None:
+        self._run.cancel()

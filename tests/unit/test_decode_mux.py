@@ -1,0 +1,203 @@
+"""The decode replica's outboxes (cluster/engine/outbox.py) and the gateway's channels
+(router/pd/channels.py), stepped without Ray: a fake subscription reads the replica's outbox
+directly, a fake run call stands for the request's own Serve call."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from cluster.engine.outbox import END, Failed, Outboxes
+from router.pd.channels import ChannelLost, DecodeChannels
+
+
+def merge(outputs):
+    return "+".join(outputs)
+
+
+class FakeRun:
+    """A run call: yields the worker id, then waits until ended (or raises)."""
+
+    def __init__(self, worker_id: str):
+        self.worker_id = worker_id
+        self.done = asyncio.Event()
+        self.error = None
+        self.cancelled = False
+        self._first = True
+
+    def __aiter__(self):
+        return self
+
+    async def __anext__(self):
+        if self._first:
+            self._first = False
+            return self.worker_id
+        await self.done.wait()
+        if self.error is not None:
+            raise self.error
+        raise StopAsyncIteration
+
+    def cancel(self):
+        self.cancelled = True
+        self.done.set()
+
+
+async def run_on_replica(boxes: Outboxes, gateway: str, request_id: str, outputs, *, error=None):
+    """What DecodeWorker.run does with an engine stream."""
+    box = boxes.open(gateway)
+    box.start(request_id)
+    for output in outputs:
+        box.put(request_id, output)
+        await asyncio.sleep(0)
+    box.end(request_id, error)
+
+
+def test_outbox_batches_merge_per_request_and_end_after_outputs():
+    async def main():
+        boxes = Outboxes(merge)
+        box = boxes.open("gw")
+
+        async def request(rid, outs):
+            box.start(rid)
+            for out in outs:
+                box.put(rid, out)
+            box.end(rid)
+
+        await asyncio.gather(request("a", ["a1", "a2"]), request("b", ["b1"]))
+        batch = box.take()
+        assert batch == [("a", "a1+a2"), ("b", "b1"), ("a", END), ("b", END)]
+        assert box.take() == [] and box.idle
+        boxes.reap()
+        assert len(boxes) == 0  # leak check
+
+    asyncio.run(main())
+
+
+def test_subscription_ends_when_idle_and_outbox_is_dropped():
+    async def main():
+        boxes = Outboxes(merge, idle_close_s=0.05)
+        task = asyncio.ensure_future(run_on_replica(boxes, "gw", "r1", ["x", "y"]))
+        batches = [batch async for batch in boxes.subscribe("gw")]
+        await task
+        items = [item for batch in batches for item in batch]
+        assert "+".join(o for _, o in items if o is not END) == "x+y"  # in order, merged or not
+        assert items[-1] == ("r1", END)
+        assert len(boxes) == 0
+
+    asyncio.run(main())
+
+
+def test_orphaned_outbox_cancels_its_requests():
+    async def main():
+        boxes = Outboxes(merge, orphan_s=10.0)
+        box = boxes.open("gone-gateway")
+        started = asyncio.Event()
+
+        async def forever():
+            box.start("r")
+            started.set()
+            try:
+                await asyncio.sleep(3600)
+            finally:
+                box.end("r")
+
+        task = asyncio.ensure_future(forever())
+        await started.wait()
+        boxes.reap(now=box.last_seen + 5)
+        assert not task.cancelled()
+        boxes.reap(now=box.last_seen + 11)
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        box.take()
+        boxes.reap()
+        assert len(boxes) == 0
+
+    asyncio.run(main())
+
+
+def test_channels_deal_outputs_to_each_request_and_close_when_idle():
+    async def main():
+        boxes = Outboxes(merge, idle_close_s=0.05)
+        subscriptions = []
+
+        def subscribe(worker_id):
+            subscriptions.append(worker_id)
+            return boxes.subscribe("gw")
+
+        channels = DecodeChannels(subscribe)
+
+        async def request(rid, outs):
+            run = FakeRun("w1")
+            replica = asyncio.ensure_future(run_on_replica(boxes, "gw", rid, outs))
+            got = [o async for o in channels.outputs(rid, run)]
+            await replica
+            run.done.set()
+            return "+".join(got)
+
+        a, b = await asyncio.gather(request("a", ["a1", "a2", "a3"]), request("b", ["b1"]))
+        assert a == "a1+a2+a3" and b == "b1"
+        assert subscriptions == ["w1"]  # one subscription carried both requests
+        for _ in range(50):
+            if len(channels) == 0 and len(boxes) == 0:
+                break
+            await asyncio.sleep(0.01)
+        assert len(channels) == 0 and len(boxes) == 0  # leak check: both ends closed once idle
+
+    asyncio.run(main())
+
+
+def test_engine_error_reaches_the_request_and_run_error_too():
+    async def main():
+        boxes = Outboxes(merge, idle_close_s=0.05)
+        channels = DecodeChannels(lambda worker_id: boxes.subscribe("gw"))
+        run = FakeRun("w1")
+        replica = asyncio.ensure_future(run_on_replica(boxes, "gw", "a", ["a1"], error=ValueError("engine says no")))
+        got = []
+        with pytest.raises(ValueError, match="engine says no"):
+            async for o in channels.outputs("a", run):
+                got.append(o)
+        await replica
+        assert got == ["a1"] and run.cancelled
+
+        # The run call itself fails (the replica died): its error ends the stream.
+        run2 = FakeRun("w1")
+        box = boxes.open("gw")
+        box.start("b")
+        run2.error = RuntimeError("actor died")
+
+        async def die():
+            await asyncio.sleep(0.01)
+            run2.done.set()
+
+        asyncio.ensure_future(die())
+        with pytest.raises(RuntimeError, match="actor died"):
+            async for _ in channels.outputs("b", run2):
+                pass
+        box.end("b")
+        await channels.close()
+
+    asyncio.run(main())
+
+
+def test_a_failed_subscription_ends_its_requests_with_channel_lost():
+    async def main():
+        async def broken(worker_id):
+            raise ConnectionError("replica gone")
+            yield  # pragma: no cover
+
+        channels = DecodeChannels(broken)
+        run = FakeRun("w1")
+        with pytest.raises(ChannelLost, match="replica gone"):
+            async for _ in channels.outputs("a", run):
+                pass
+        assert run.cancelled and len(channels) == 0
+
+    asyncio.run(main())
+
+
+def test_failed_pickles_with_its_error():
+    import pickle
+
+    restored = pickle.loads(pickle.dumps(Failed(ValueError("x"))))
+    assert isinstance(restored.error, ValueError) and str(restored.error) == "x"

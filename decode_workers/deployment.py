@@ -63,24 +63,26 @@ class DecodeWorker(EngineReplica):
         async for chunk in coalesced(self.engine.generate(request, params), self.engine.merge_outputs):
             yield chunk
 
-    async def run(self, request: EngineRequest, handoff: Optional[Handoff], gateway: str) -> AsyncIterator[str]:
+    async def run(self, request: EngineRequest, handoff: Optional[Handoff], gateway: str,
+                  stream_id: str) -> AsyncIterator[str]:
         """The request's own Serve call (its queue place, pin, cancellation): yields this
         replica's worker id once accepted, then runs the engine stream, whose outputs go out
-        through `gateway`'s subscription (cluster/engine/outbox.py). Cancelled (the client
-        left), it closes the engine stream, which aborts the request in the engine."""
+        through `gateway`'s subscription under `stream_id` (cluster/engine/outbox.py).
+        Cancelled (the client left), it closes the engine stream, which aborts the request in
+        the engine."""
         params = self.kv_params(request, handoff)
         box = self.outboxes.open(gateway)
-        box.start(request.request_id)
+        box.start(stream_id)
         error: Optional[BaseException] = None
         try:
             yield self.info.worker_id
             async for output in self.engine.generate(request, params):
-                box.put(request.request_id, output)
+                box.put(stream_id, output)
         except Exception as exc:
             error = exc
             raise
         finally:
-            box.end(request.request_id, error)
+            box.end(stream_id, error)
 
     async def subscribe(self, subscription_id: str, gateway: str, worker_id: str) -> AsyncIterator[list]:
         """`gateway`'s outputs from this replica, a batch per item (cluster/engine/outbox.py);

@@ -10,9 +10,10 @@ time it asks, as one item. Nothing waits for a later output: a lone token goes a
 
 Lifecycle of one request (decode_workers/deployment.py `run`, a Serve streaming call of its
 own, so Serve's queue bounds, pinning, cancellation and ongoing-request counts still hold per
-request): `Outboxes.open(gateway)` → `outbox.put(request_id, output)` per engine output →
-`outbox.end(request_id)` (or `fail`) once. The gateway reads `(request_id, output)` pairs;
-an `END` output ends that request's stream, a `Failed` one raises its error there.
+request): `Outboxes.open(gateway)` → `outbox.start(stream_id)` → `outbox.put(stream_id,
+output)` per engine output → `outbox.end(stream_id)` once. The stream id is the gateway's name
+for this one call (a retried request gets a new one). The gateway reads `(stream_id, output)`
+pairs; an `END` output ends that stream, a `Failed` one raises its error there.
 
 Lifecycle of a subscription: the gateway calls `subscribe(gateway)` when it first needs this
 replica; it yields batches until the outbox has been idle (no request running, nothing
@@ -63,38 +64,38 @@ class Outbox:
         self._merge = merge
         self._buffer: list[tuple[str, Any]] = []
         self._ready = asyncio.Event()
-        self.running: dict[str, asyncio.Task] = {}  # request id → the task running it here
+        self.running: dict[str, asyncio.Task] = {}  # stream id → the task running it here
         self.subscribed = False
         self.last_seen = time.monotonic()  # last time a subscriber was attached, or a request began
 
-    def start(self, request_id: str) -> None:
+    def start(self, stream_id: str) -> None:
         task = asyncio.current_task()
         assert task is not None, "Outbox.start runs inside the request's task"
-        self.running[request_id] = task
+        self.running[stream_id] = task
         self.last_seen = time.monotonic()
 
-    def put(self, request_id: str, output: Any) -> None:
-        self._buffer.append((request_id, output))
+    def put(self, stream_id: str, output: Any) -> None:
+        self._buffer.append((stream_id, output))
         self._ready.set()
 
-    def end(self, request_id: str, error: Optional[BaseException] = None) -> None:
+    def end(self, stream_id: str, error: Optional[BaseException] = None) -> None:
         """The request is over on this replica: its END (finished or cancelled) or its error
         goes out after its outputs, so the gateway's reader stops, or raises it."""
-        if self.running.pop(request_id, None) is not None:
-            self.put(request_id, END if error is None else Failed(error))
+        if self.running.pop(stream_id, None) is not None:
+            self.put(stream_id, END if error is None else Failed(error))
 
     def take(self) -> list[tuple[str, Any]]:
-        """Everything buffered, one entry per request in first-seen order, its outputs merged
+        """Everything buffered, one entry per stream in first-seen order, its outputs merged
         (an END stays apart, after them)."""
         items, self._buffer = self._buffer, []
         self._ready.clear()
         outputs: dict[str, list[Any]] = {}
         ended: list[tuple[str, Any]] = []
-        for request_id, output in items:
+        for stream_id, output in items:
             if output is END or isinstance(output, Failed):
-                ended.append((request_id, output))
+                ended.append((stream_id, output))
             else:
-                outputs.setdefault(request_id, []).append(output)
+                outputs.setdefault(stream_id, []).append(output)
         batch = [(rid, outs[0] if len(outs) == 1 else self._merge(outs)) for rid, outs in outputs.items()]
         return batch + ended
 

@@ -2,12 +2,14 @@
 subscription per decode replica carries the outputs of all of this gateway's requests there,
 one Ray item per engine step; here they are dealt out to each request's stream.
 
-Lifecycle of one request (`outputs`): the request's own `run` call on the decode replica
-(made by the caller, pinned and bounded by Serve as any call) first yields the replica's
-worker id; the request then registers with that replica's channel, opening it if needed,
-and reads its outputs until END (or the engine's error, or the channel's loss). The run call
-is watched meanwhile: its error ends the stream with that error. Leaving early (the client
-hung up) cancels the run call, which aborts the request on the replica.
+Lifecycle of one request (`stream`): it gets a stream id of its own and a queue under it
+first; then its `run` call on the decode replica (made with that id, pinned and bounded by
+Serve as any call) yields the replica's worker id, and the stream joins that replica's
+channel, opening it if needed. It reads its outputs until END (or the engine's error, or the
+channel's loss). Outputs may arrive on an open channel before the run call's first item: the
+queue is there first, so none is lost. The run call is watched meanwhile: its error ends the
+stream with that error. Leaving early (the client hung up) cancels the run call, which
+aborts the request on the replica.
 
 Lifecycle of a channel: opened by the first request for its replica; its subscription ends
 when the replica finds the outbox idle, and the channel closes with it unless a request still
@@ -24,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import uuid
 from typing import Any, AsyncIterator, Callable
 
 from cluster.engine.outbox import END, Failed
@@ -39,9 +42,11 @@ class ChannelLost(RuntimeError):
 
 
 class _Channel:
-    def __init__(self, worker_id: str, subscribe: Subscribe, on_close: Callable[["_Channel"], None]):
+    def __init__(self, worker_id: str, sinks: dict[str, asyncio.Queue], subscribe: Subscribe,
+                 on_close: Callable[["_Channel"], None]):
         self.worker_id = worker_id
-        self.sinks: dict[str, asyncio.Queue] = {}
+        self.members: set[str] = set()  # streams known to run on this replica
+        self._sinks = sinks  # every stream of this gateway's tier: outputs may come before membership
         self._subscribe = subscribe
         self._on_close = on_close
         self.task = asyncio.ensure_future(self._pump())
@@ -49,21 +54,22 @@ class _Channel:
     async def _pump(self) -> None:
         try:
             while True:
-                stream = self._subscribe(self.worker_id)
-                async for batch in stream:
-                    for request_id, output in batch:
-                        sink = self.sinks.get(request_id)
+                async for batch in self._subscribe(self.worker_id):
+                    for stream_id, output in batch:
+                        sink = self._sinks.get(stream_id)
                         if sink is not None:  # else: its reader left (a cancelled request's tail)
                             sink.put_nowait(output)
-                if not self.sinks:  # the replica closed an idle subscription: so do we
+                if not self.members:  # the replica closed an idle subscription: so do we
                     return
         except asyncio.CancelledError:
             raise
         except Exception as exc:
             lost = ChannelLost(f"the stream from decode replica {self.worker_id} failed: {type(exc).__name__}: {exc}")
-            for sink in self.sinks.values():
-                sink.put_nowait(Failed(lost))
-            log.warning("%s (%d requests on it)", lost, len(self.sinks))
+            for stream_id in self.members:
+                sink = self._sinks.get(stream_id)
+                if sink is not None:
+                    sink.put_nowait(Failed(lost))
+            log.warning("%s (%d requests on it)", lost, len(self.members))
         finally:
             self._on_close(self)
 
@@ -72,26 +78,43 @@ class DecodeChannels:
     def __init__(self, subscribe: Subscribe):
         self._subscribe = subscribe
         self._channels: dict[str, _Channel] = {}
+        # stream id → its reader's queue, from before its run call is made: the replica may send
+        # outputs on a channel already open before the run call's first item names the replica.
+        self._sinks: dict[str, asyncio.Queue] = {}
 
-    def _register(self, worker_id: str, request_id: str) -> tuple[_Channel, asyncio.Queue]:
+    def _join(self, worker_id: str, stream_id: str) -> _Channel:
         channel = self._channels.get(worker_id)
         if channel is None or channel.task.done():
-            channel = self._channels[worker_id] = _Channel(worker_id, self._subscribe, self._closed)
-        sink: asyncio.Queue = asyncio.Queue()
-        channel.sinks[request_id] = sink
-        return channel, sink
+            channel = self._channels[worker_id] = _Channel(worker_id, self._sinks, self._subscribe, self._closed)
+        channel.members.add(stream_id)
+        return channel
 
     def _closed(self, channel: _Channel) -> None:
         if self._channels.get(channel.worker_id) is channel:
             del self._channels[channel.worker_id]
 
-    async def outputs(self, request_id: str, run: Any) -> AsyncIterator[Any]:
-        """The outputs of the request whose `run` call (a Serve response generator: its
-        `__anext__`, `cancel`) is given; the module docstring says when it ends."""
-        worker_id = await run.__anext__()
-        channel, sink = self._register(worker_id, request_id)
-        watcher = asyncio.ensure_future(_watch(run, sink))
+    def stream(self, call_run: Callable[[str], Any]) -> "ChannelStream":
+        """One request's decode stream: `call_run(stream_id)` makes its run call (a Serve
+        response generator: `__anext__`, `cancel`), named by a stream id of its own so that no
+        other call's outputs (an earlier attempt's) ever reach it."""
+        stream_id = uuid.uuid4().hex
+        self._sinks[stream_id] = asyncio.Queue()
         try:
+            run = call_run(stream_id)
+        except BaseException:
+            del self._sinks[stream_id]
+            raise
+        return ChannelStream(self._outputs(stream_id, run), run)
+
+    async def _outputs(self, stream_id: str, run: Any) -> AsyncIterator[Any]:
+        """The stream's outputs; the module docstring says when it ends."""
+        sink = self._sinks[stream_id]
+        channel = None
+        watcher = None
+        try:
+            worker_id = await run.__anext__()
+            channel = self._join(worker_id, stream_id)
+            watcher = asyncio.ensure_future(_watch(run, sink))
             while True:
                 output = await sink.get()
                 if output is END:
@@ -100,13 +123,12 @@ class DecodeChannels:
                     raise output.error
                 yield output
         finally:
-            channel.sinks.pop(request_id, None)
-            if not watcher.done():
+            self._sinks.pop(stream_id, None)
+            if channel is not None:
+                channel.members.discard(stream_id)
+            if watcher is not None and not watcher.done():
                 watcher.cancel()
             run.cancel()  # a no-op when it ended; else the engine aborts the request
-
-    def stream(self, request_id: str, run: Any) -> "ChannelStream":
-        return ChannelStream(self.outputs(request_id, run), run)
 
     async def close(self) -> None:
         channels = list(self._channels.values())
@@ -118,6 +140,10 @@ class DecodeChannels:
 
     def __len__(self) -> int:
         return len(self._channels)
+
+    @property
+    def streams(self) -> int:
+        return len(self._sinks)
 
 
 async def _watch(run: Any, sink: asyncio.Queue) -> None:

@@ -322,8 +322,8 @@ class Hops:
         decode = self._pools[request.tier].decode.options(stream=True)
         if not self._per_step:
             return remote(decode.generate, request, handoff)
-        run = remote(decode.run, request, handoff, self.gateway_id)
-        return self._channels(request.tier).stream(request.request_id, run)
+        return self._channels(request.tier).stream(
+            lambda stream_id: remote(decode.run, request, handoff, self.gateway_id, stream_id))
 
     def _channels(self, tier: str) -> DecodeChannels:
         channels = self._decode_channels.get(tier)

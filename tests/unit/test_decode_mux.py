@@ -129,9 +129,14 @@ def test_channels_deal_outputs_to_each_request_and_close_when_idle():
 
         async def request(rid, outs):
             run = FakeRun("w1")
-            replica = asyncio.ensure_future(run_on_replica(boxes, "gw", rid, outs))
-            got = [o async for o in channels.outputs(rid, run)]
-            await replica
+            replica = []
+
+            def call_run(stream_id):
+                replica.append(asyncio.ensure_future(run_on_replica(boxes, "gw", stream_id, outs)))
+                return run
+
+            got = [o async for o in channels.stream(call_run)]
+            await replica[0]
             run.done.set()
             return "+".join(got)
 
@@ -143,6 +148,7 @@ def test_channels_deal_outputs_to_each_request_and_close_when_idle():
                 break
             await asyncio.sleep(0.01)
         assert len(channels) == 0 and len(boxes) == 0  # leak check: both ends closed once idle
+        assert channels.streams == 0
 
     asyncio.run(main())
 
@@ -152,19 +158,29 @@ def test_engine_error_reaches_the_request_and_run_error_too():
         boxes = Outboxes(merge, idle_close_s=0.05)
         channels = DecodeChannels(lambda worker_id: boxes.subscribe("gw"))
         run = FakeRun("w1")
-        replica = asyncio.ensure_future(run_on_replica(boxes, "gw", "a", ["a1"], error=ValueError("engine says no")))
+        replica = []
+
+        def call_run(stream_id):
+            replica.append(asyncio.ensure_future(
+                run_on_replica(boxes, "gw", stream_id, ["a1"], error=ValueError("engine says no"))))
+            return run
+
         got = []
         with pytest.raises(ValueError, match="engine says no"):
-            async for o in channels.outputs("a", run):
+            async for o in channels.stream(call_run):
                 got.append(o)
-        await replica
+        await replica[0]
         assert got == ["a1"] and run.cancelled
 
         # The run call itself fails (the replica died): its error ends the stream.
         run2 = FakeRun("w1")
-        box = boxes.open("gw")
-        box.start("b")
         run2.error = RuntimeError("actor died")
+        started = []
+
+        def call_run2(stream_id):
+            boxes.open("gw").start(stream_id)
+            started.append(stream_id)
+            return run2
 
         async def die():
             await asyncio.sleep(0.01)
@@ -172,10 +188,11 @@ def test_engine_error_reaches_the_request_and_run_error_too():
 
         asyncio.ensure_future(die())
         with pytest.raises(RuntimeError, match="actor died"):
-            async for _ in channels.outputs("b", run2):
+            async for _ in channels.stream(call_run2):
                 pass
-        box.end("b")
+        boxes.open("gw").end(started[0])
         await channels.close()
+        assert channels.streams == 0  # leak check
 
     asyncio.run(main())
 
@@ -189,9 +206,9 @@ def test_a_failed_subscription_ends_its_requests_with_channel_lost():
         channels = DecodeChannels(broken)
         run = FakeRun("w1")
         with pytest.raises(ChannelLost, match="replica gone"):
-            async for _ in channels.outputs("a", run):
+            async for _ in channels.stream(lambda stream_id: run):
                 pass
-        assert run.cancelled and len(channels) == 0
+        assert run.cancelled and len(channels) == 0 and channels.streams == 0
 
     asyncio.run(main())
 
@@ -201,3 +218,48 @@ def test_failed_pickles_with_its_error():
 
     restored = pickle.loads(pickle.dumps(Failed(ValueError("x"))))
     assert isinstance(restored.error, ValueError) and str(restored.error) == "x"
+
+
+def test_outputs_that_come_before_the_run_calls_first_item_are_kept():
+    """On a channel already open, the replica's outputs for a new stream may arrive before the
+    run call's first item (the worker id) reaches the gateway: none may be lost."""
+    async def main():
+        boxes = Outboxes(merge, idle_close_s=0.2)
+        channels = DecodeChannels(lambda worker_id: boxes.subscribe("gw"))
+        keep_open = FakeRun("w1")
+        opener = []
+
+        def call_opener(stream_id):
+            boxes.open("gw").start(stream_id)  # a long request keeps the channel open
+            opener.append(stream_id)
+            return keep_open
+
+        first = channels.stream(call_opener).__aiter__()
+        reading = asyncio.ensure_future(first.__anext__())
+        await asyncio.sleep(0.02)  # the channel is open now
+
+        class LateRun(FakeRun):
+            async def __anext__(self):
+                if self._first:
+                    await asyncio.sleep(0.05)  # the worker id arrives after the outputs
+                return await super().__anext__()
+
+        late = LateRun("w1")
+
+        def call_late(stream_id):
+            asyncio.ensure_future(run_on_replica(boxes, "gw", stream_id, ["b1", "b2", "b3"]))
+            return late
+
+        got = [o async for o in channels.stream(call_late)]
+        assert "+".join(got) == "b1+b2+b3"
+        late.done.set()
+        boxes.open("gw").put(opener[0], "o1")
+        boxes.open("gw").end(opener[0])
+        assert await reading == "o1"
+        with pytest.raises(StopAsyncIteration):
+            await first.__anext__()
+        keep_open.done.set()
+        await channels.close()
+        assert channels.streams == 0
+
+    asyncio.run(main())

@@ -34,14 +34,16 @@ import logging
 import time
 import uuid
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, AsyncIterator, Iterator, Literal, Mapping, Optional, Sequence
+from typing import TYPE_CHECKING, Any, AsyncIterator, Iterator, Mapping, Optional, Sequence
 
-from cluster.protocol import EngineRequest, InvalidEngineRequest, PrefillResult, finish_reason
+from cluster.protocol import EngineRequest, InvalidEngineRequest
 from cluster.types import ROLES, PoolId, Role, TierPools
 from kv_transfer.handoff import Handoff, HandoffMismatch
-from router.openai.errors import bad_request, too_many_requests
+from router.openai.errors import too_many_requests
 from router.path_metrics import (DECODE_FIRST_TOKEN_SECONDS, DECODE_REFUSED, DECODE_RETRIES, HEALTH_PROBES,
                                  PREFILL_HOP_SECONDS)
+from router.pd.answers import (DecodeStreams, Health, NoFirstToken, PoolState, PrefillAnswer, WholeFailed, answer_of,
+                               first_token_within, is_backpressure, refused)
 from router.pd.channels import Batch, ChannelLost, DecodeChannels
 from router.pd.serve_calls import remote
 from router.routing.directory import pool_directory
@@ -57,45 +59,6 @@ log = logging.getLogger(__name__)
 
 HEALTH_TIMEOUT_S = 5.0
 ABORT_TIMEOUT_S = 5.0  # an abort that does not answer in this is given up (the engine frees it on finish)
-
-PrefillFailure = Literal["prefill_timeout", "bad_handoff", "prefill_error"]
-WholeFailure = Literal["prefill_timeout", "prefill_queue_full", "prefill_error"]
-PoolState = Literal["ready", "busy", "no answer", "down"]
-# How decode outputs reach the gateway: one Ray item per engine step for all of this gateway's
-# requests on a replica (channels.py), or one per output per request (each its own Serve stream).
-DecodeStreams = Literal["per_step", "per_request"]
-
-
-@dataclass(frozen=True)
-class PrefillAnswer:
-    """A prefill hop's outcome. `failed` None: the prompt's KV waits on the prefill replica for
-    decode's pull through `handoff` (None when `first` already ended the answer), `first` is the
-    answer's first token when it was asked for, `prompt_logprobs` when the request asked for
-    them. Else `failed` says why decode computes the prompt itself, and the rest is None."""
-
-    handoff: Optional[Handoff] = None
-    first: Optional[RequestOutput] = None
-    prompt_logprobs: Optional[list] = None
-    failed: Optional[PrefillFailure] = None
-
-
-@dataclass(frozen=True)
-class Health:
-    ready: bool  # every pool of every tier can take requests: ready or busy
-    pools: Mapping[str, PoolState]  # deployment name → its state
-
-
-class WholeFailed(Exception):
-    """The whole request on prefill failed before its first token: decode computes it."""
-
-    def __init__(self, reason: WholeFailure):
-        super().__init__(reason)
-        self.reason: WholeFailure = reason
-
-
-class _NoFirstToken(Exception):
-    """The stream yielded no first token within its deadline."""
-
 
 @dataclass(frozen=True)
 class _Hop:
@@ -133,7 +96,7 @@ class Hops:
             started = time.perf_counter()
             try:
                 result = await asyncio.wait_for(self._call_prefill(request, first_token), self._prefill_timeout_s)
-                answer = _answer_of(result)
+                answer = answer_of(result)
             except asyncio.TimeoutError:
                 self._abort_later(request.request_id, "prefill")
                 return PrefillAnswer(failed="prefill_timeout")
@@ -162,7 +125,7 @@ class Hops:
             try:
                 with self._hop(request, "decode", routed, streams=True):
                     stream = self._decode_stream(request, handoff)
-                    async for chunk in _first_token_within(stream, self._decode_first_token_timeout_s):
+                    async for chunk in first_token_within(stream, self._decode_first_token_timeout_s):
                         if not started:
                             started = True
                             seconds = time.perf_counter() - called
@@ -176,15 +139,15 @@ class Hops:
                 if stream is not None:  # cancelled before the decode call was made: nothing to cancel
                     stream.cancel()
                 raise
-            except _NoFirstToken:
+            except NoFirstToken:
                 stream.cancel()
                 DECODE_REFUSED.labels(tier=tier, reason="no_first_token").inc()
                 raise too_many_requests(f"No decode replica produced a first token within "
                                         f"{self._decode_first_token_timeout_s:g} s; retry later.") from None
             except InvalidEngineRequest as exc:  # the same request would fail again: a 400
-                raise _refused(exc) from None
+                raise refused(exc) from None
             except Exception as exc:
-                if not started and _is_backpressure(exc):
+                if not started and is_backpressure(exc):
                     DECODE_REFUSED.labels(tier=tier, reason="queue_full").inc()
                     raise too_many_requests("The decode pool's queue is full; retry later.") from None
                 if started or attempt == 2:
@@ -201,7 +164,7 @@ class Hops:
         with self._hop(request, "prefill", pick, streams=True):
             try:
                 stream = self._whole_stream(request)
-                async for chunk in _first_token_within(stream, self._prefill_timeout_s):
+                async for chunk in first_token_within(stream, self._prefill_timeout_s):
                     if not started:
                         started = True
                         self._first_token(request)
@@ -211,16 +174,16 @@ class Hops:
                 if stream is not None:
                     stream.cancel()
                 raise
-            except _NoFirstToken:
+            except NoFirstToken:
                 stream.cancel()
                 self._abort_later(request.request_id, "prefill")
                 reason: WholeFailure = "prefill_timeout"
             except InvalidEngineRequest as exc:
-                raise _refused(exc) from None
+                raise refused(exc) from None
             except Exception as exc:
                 if started:
                     raise
-                reason = "prefill_queue_full" if _is_backpressure(exc) else "prefill_error"
+                reason = "prefill_queue_full" if is_backpressure(exc) else "prefill_error"
                 log.warning("request %s: whole on prefill failed (%s: %s); recomputing on decode",
                             request.request_id, type(exc).__name__, exc)
         raise WholeFailed(reason)
@@ -285,7 +248,7 @@ class Hops:
             await asyncio.wait_for(self._call_stats(pool.tier, pool.role), timeout=HEALTH_TIMEOUT_S)
             return "ready"
         except Exception as exc:
-            if isinstance(exc, asyncio.TimeoutError) or _is_backpressure(exc):
+            if isinstance(exc, asyncio.TimeoutError) or is_backpressure(exc):
                 busy = self._router is not None and bool(self._router.workers(pool.tier, pool.role))
                 return "busy" if busy else "no answer"
             log.warning("health: %s did not answer: %r", pool.deployment_name, exc)
@@ -391,44 +354,3 @@ class Hops:
     def _first_token(self, request: EngineRequest) -> None:
         if self._router is not None:  # the prompt is no longer queued where it streams
             self._router.first_token(request.request_id)
-
-
-def _answer_of(result: PrefillResult) -> PrefillAnswer:
-    """What a prefill replica's result is worth to the path; raises when decode cannot use it."""
-    first = result.first
-    ended = None if first is None else finish_reason(first)
-    if ended in ("error", "abort"):
-        raise RuntimeError(f"the prefill engine ended the request with {ended!r}")
-    handoff = None
-    if ended is None:  # else: the answer ended on token 1
-        handoff = result.handoff  # the prefill replica's, stamped; decode checks it
-        if handoff is None:
-            raise HandoffMismatch("the prefill replica returned no handoff")
-    return PrefillAnswer(handoff, first, result.prompt_logprobs)
-
-
-async def _first_token_within(stream: Any, timeout_s: float) -> AsyncIterator[RequestOutput]:
-    """The stream, with a deadline on its first chunk only (later gaps are the engine's pace)."""
-    it = stream.__aiter__()
-    try:
-        first = await asyncio.wait_for(it.__anext__(), timeout_s)
-    except StopAsyncIteration:
-        return
-    except asyncio.TimeoutError:
-        raise _NoFirstToken() from None
-    yield first
-    async for chunk in it:
-        yield chunk
-
-
-def _is_backpressure(exc: BaseException) -> bool:
-    """Serve refused the call: the deployment's max_queued_requests is reached."""
-    from ray.serve.exceptions import BackPressureError
-
-    return isinstance(exc, BackPressureError) or isinstance(getattr(exc, "cause", None), BackPressureError)
-
-
-def _refused(exc: InvalidEngineRequest) -> Exception:
-    """The engine refused the request: the same request would fail again, a 400."""
-    cause = getattr(exc, "cause", exc)  # Ray wraps it; the cause holds the plain message
-    return bad_request(f"The engine refused the request: {cause}")

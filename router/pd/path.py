@@ -35,7 +35,8 @@ from cluster.protocol import EngineRequest
 from cluster.types import TierPools
 from kv_transfer.first_token import FirstTokenOffset, continuation, reuse_blocker
 from router.path_metrics import FIRST_TOKEN, count_prefilled, count_route
-from router.pd.hops import DecodeStreams, Hops, WholeFailed
+from router.pd.answers import DecodeStreams, WholeFailed
+from router.pd.hops import Hops
 from router.pd.samples import generate_n, without_prompt_logprobs
 from router.routing.service import KVRouter
 from router.routing.types import Path, RouteDecision, RouteLabel

@@ -1,11 +1,9 @@
 """The control-plane benchmark's arithmetic, pure (unit-tested): the client's window summary,
 the demanded rate, process kinds as this benchmark names them, and CPU per streamed token.
 
-CPU per token: a kind's CPU seconds over the parent's window (between its two process
-snapshots) make its cores busy; the client's tokens over the client's window make the
-delivered rate; ms per token = cores busy x 1000 / delivered tokens per second. Taking the
-ratio of two rates, not of two counts, keeps the few milliseconds by which the windows differ
-(the pipe, the snapshots' own time) out of the figure.
+CPU per token: the client reads each process's CPU seconds at its window's edges (the same
+instants as its token counts); a kind's seconds over the window make its cores busy, and ms
+per token = cores busy x 1000 / delivered tokens per second.
 """
 
 from __future__ import annotations
@@ -40,11 +38,11 @@ def bench_kind(kind: str, role: Optional[str]) -> str:
     return _BY_PROCS_KIND.get(kind, OTHER)
 
 
-def cpu_by_kind(delta: Mapping[tuple[str, Optional[str]], float]) -> dict[str, float]:
-    """CPU seconds by this benchmark's kind, from procs.cpu_delta's {(kind, role): s}."""
+def cpu_by_kind(cpu_s_by_pid: Mapping[int, float], kind_of: Mapping[int, str]) -> dict[str, float]:
+    """CPU seconds by kind, from each process's seconds and its kind (unknown pids: other)."""
     out: dict[str, float] = {}
-    for (kind, role), seconds in delta.items():
-        k = bench_kind(kind, role)
+    for pid, seconds in cpu_s_by_pid.items():
+        k = kind_of.get(pid, OTHER)
         out[k] = out.get(k, 0.0) + seconds
     return out
 
@@ -57,6 +55,16 @@ def demanded_tok_s(streams: int, pace_s: Optional[float]) -> Optional[float]:
     return streams / pace_s
 
 
+def gap_summary(gaps_ms: list[float]) -> dict:
+    """The gaps' latency summary, and the share of gaps that are 0: content events that came
+    in the same read as the stream's previous one (sent together, or queued on the way and
+    delivered in a burst), which a reader sees as arriving at once."""
+    out = latency_summary(gaps_ms)
+    if gaps_ms:
+        out["same_read_share"] = round(sum(1 for g in gaps_ms if g == 0.0) / len(gaps_ms), 3)
+    return out
+
+
 def client_summary(tally: Tally) -> dict:
     """The client's figures of its window (what its RESULT line carries)."""
     window_s = tally.window.end - tally.window.start
@@ -66,7 +74,7 @@ def client_summary(tally: Tally) -> dict:
         "content_events": tally.events,
         "tokens_per_event": round(tally.tokens / tally.events, 3) if tally.events else None,
         "delivered_tok_s": round(tally.tokens / window_s, 1) if window_s > 0 else None,
-        "token_gap": latency_summary(tally.gaps_ms),
+        "token_gap": gap_summary(tally.gaps_ms),
         "ttft": latency_summary(tally.ttfts_ms),
         "requests": {"completed": tally.completed, "errors": tally.errors,
                      "completed_outside_window": tally.completed_outside,
@@ -88,25 +96,29 @@ def cpu_figures(cpu_s: Mapping[str, float], cpu_wall_s: float, delivered_tok_s: 
 
 
 def cell_figures(streams: int, pace_s: Optional[float], client: dict, system_cpu_s: Mapping[str, float],
-                 kinds: tuple[str, ...], cpu_wall_s: float, machine_busy_s: float, steal_s: float) -> dict:
-    """One cell of the sweep: the client's figures, the demand, the system's CPU by kind and
-    the client's own, and what else kept the machine busy meanwhile (the noise)."""
+                 kinds: tuple[str, ...]) -> dict:
+    """One cell of the sweep: the client's figures (its RESULT), the demand, the system's CPU
+    by kind and the client's own over the client's window, and what else kept the machine
+    busy meanwhile (other work on it: the noise in the figures)."""
     delivered = client.get("delivered_tok_s")
     demanded = demanded_tok_s(streams, pace_s)
-    own = cpu_figures(system_cpu_s, cpu_wall_s, delivered, kinds)
+    window_s = client["window_s"]
+    own = cpu_figures(system_cpu_s, window_s, delivered, kinds)
     client_cpu = client["client_cpu_s"]
-    client_cores = client_cpu / client["window_s"] if client.get("window_s") else 0.0
-    foreign = max(0.0, machine_busy_s - sum(system_cpu_s.values()) - client_cpu)
+    client_cores = client_cpu / window_s
+    foreign = max(0.0, client["machine_busy_s"] - sum(system_cpu_s.values()) - client_cpu)
+    skip = ("delivered_tok_s", "client_cpu_s", "client", "cpu_s_by_pid", "machine_busy_s", "steal_s")
     return {
         "streams": streams,
         "pace_ms": round(pace_s * 1000, 3) if pace_s else None,
         "demanded_tok_s": round(demanded, 1) if demanded else None,
         "delivered_tok_s": delivered,
         "delivered_over_demanded": round(delivered / demanded, 3) if demanded and delivered is not None else None,
-        **{k: v for k, v in client.items() if k not in ("delivered_tok_s", "client_cpu_s", "client")},
+        **{k: v for k, v in client.items() if k not in skip},
         **own,
         "load_generator": {"cores_busy": round(client_cores, 3),
                            "cpu_ms_per_token": round(client_cores * 1000 / delivered, 4) if delivered else None},
-        "machine": {"cpu_window_s": round(cpu_wall_s, 3), "busy_cores": round(machine_busy_s / cpu_wall_s, 3),
-                    "other_work_cores": round(foreign / cpu_wall_s, 3), "steal_cores": round(steal_s / cpu_wall_s, 3)},
+        "machine": {"busy_cores": round(client["machine_busy_s"] / window_s, 3),
+                    "other_work_cores": round(foreign / window_s, 3),
+                    "steal_cores": round(client["steal_s"] / window_s, 3)},
     }

@@ -6,8 +6,8 @@ and stopped after its sweep, and one cell of the sweep against a running system.
 - vllm: vLLM's OpenAI api_server on the same tiny model (loadtest/bench/engines.py), float32,
   its EngineCore pinned to core 0, KV cache sized for every stream's whole answer.
 
-A cell runs control_plane_client.py as a child and reads every process's CPU (procs.py) when
-the client says its window opens and closes.
+A cell runs control_plane_client.py as a child, giving it the system's processes (procs.py
+finds and classifies them) to read their CPU at its window's edges.
 """
 
 from __future__ import annotations
@@ -22,8 +22,6 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Optional
-
-import psutil
 
 from loadtest.bench import procs
 from loadtest.bench.control_plane_config import MODEL_NAME
@@ -195,35 +193,48 @@ def process_counts(running: Running, reaper: procs.Reaper) -> dict[str, int]:
 
 
 def run_cell(running: Running, cell: CellSpec, reaper: procs.Reaper, progress: Progress) -> dict:
-    """One cell: the client as a child process; CPU snapshots at its window's edges."""
+    """One cell: the client as a child process, watching the CPU of the system's processes
+    (listed now); a process born during the cell (none expected) counts with all its CPU."""
+    before = procs.snapshot()
+    pids = procs.descendants(running.root_pid, before)
+    reaper.note(before, pids)
+    kind_of = {pid: bench_kind(*procs.label(pid, before)) for pid in pids}
     cmd = [sys.executable, "-m", "loadtest.bench.control_plane_client", "--url", running.url, "--model", MODEL_NAME,
            "--streams", str(cell.streams), "--warmup-s", str(cell.warmup_s), "--duration-s", str(cell.duration_s),
-           "--max-tokens", str(cell.max_tokens), "--request-timeout-s", str(cell.request_timeout_s)]
+           "--max-tokens", str(cell.max_tokens), "--request-timeout-s", str(cell.request_timeout_s),
+           "--cpu-pids", ",".join(str(p) for p in sorted(pids))]
     client = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, text=True)
     label = f"[control_plane] {running.name} {cell.streams:4d} streams:"
-    before = after = None
     result = None
+    # A client that does not end (a bug, a wedged machine) must not hold the run forever.
+    budget_s = cell.warmup_s + cell.duration_s + 120
+    watchdog = threading.Timer(budget_s, client.kill)
+    watchdog.daemon = True
+    watchdog.start()
     try:
         for line in client.stdout:
             line = line.rstrip("\n")
             if line == "WINDOW start":
-                before, machine0, t0 = procs.snapshot(), psutil.cpu_times(), time.perf_counter()
                 progress(f"{label} measuring {cell.duration_s:g} s")
-            elif line == "WINDOW end":
-                after, machine1, t1 = procs.snapshot(), psutil.cpu_times(), time.perf_counter()
             elif line.startswith("PROGRESS "):
                 progress(f"{label} {line[9:]}")
             elif line.startswith("RESULT "):
                 result = json.loads(line[7:])
         client.wait(60)
     finally:
+        watchdog.cancel()
         if client.poll() is None:
             client.kill()
             client.wait(10)
-    if client.returncode != 0 or result is None or before is None or after is None:
-        raise RuntimeError(f"{label} the load client failed (exit {client.returncode}); its stderr is above")
-    pids = procs.descendants(running.root_pid, after)
-    reaper.note(after, pids)
-    system_cpu = cpu_by_kind(procs.cpu_delta(before, after, pids))
-    busy, steal = procs.machine_busy_s(machine0, machine1)
-    return cell_figures(cell.streams, running.pace_s, result, system_cpu, running.kinds, t1 - t0, busy, steal)
+    if client.returncode != 0 or result is None:
+        raise RuntimeError(f"{label} the load client failed (exit {client.returncode}; killed if it ran past "
+                           f"{budget_s:.0f} s); its stderr is above")
+    cpu_s = {int(pid): s for pid, s in result["cpu_s_by_pid"].items()}
+    after = procs.snapshot()
+    born = procs.descendants(running.root_pid, after) - pids
+    reaper.note(after, born)
+    for pid in born:
+        cpu_s[pid] = after[pid].cpu_s
+        kind_of[pid] = bench_kind(*procs.label(pid, after))
+    figures = cell_figures(cell.streams, running.pace_s, result, cpu_by_kind(cpu_s, kind_of), running.kinds)
+    return {**figures, "processes_born_during_cell": len(born)}

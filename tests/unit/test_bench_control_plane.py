@@ -165,10 +165,9 @@ def test_bench_kinds(kind, role, expected):
 
 
 def test_cpu_per_token_by_kind_and_total():
-    delta = {(procs.GATEWAY, None): 3.0, (procs.PROXY, None): 1.0, (procs.ENGINE_REPLICA, "interactive-decode"): 1.0,
-             (procs.ENGINE_REPLICA, "interactive-prefill"): 0.2, (procs.OTHER, None): 0.3, (procs.DRIVER, None): 0.1}
-    cpu = cpu_by_kind(delta)
-    assert cpu[OTHER] == pytest.approx(0.4)
+    kind_of = {1: GATEWAY, 2: PROXY, 3: DECODE, 4: PREFILL, 5: OTHER}
+    cpu = cpu_by_kind({1: 3.0, 2: 1.0, 3: 1.0, 4: 0.2, 5: 0.3, 6: 0.1}, kind_of)
+    assert cpu[OTHER] == pytest.approx(0.4)  # pid 6: no kind known, other
     # 10 s window, 1,000 tokens/s: gateway 0.3 cores = 0.3 ms per token.
     fig = cpu_figures(cpu, 10.0, 1000.0, TANDEM_KINDS)
     assert fig["cores_busy"][GATEWAY] == 0.3 and fig["cpu_ms_per_token"][GATEWAY] == pytest.approx(0.3)
@@ -181,15 +180,20 @@ def test_cpu_per_token_by_kind_and_total():
 
 def test_demanded_rate_and_a_whole_cell():
     assert demanded_tok_s(128, 0.02) == pytest.approx(6400) and demanded_tok_s(32, None) is None
-    client = {"client": "x", "client_cpu_s": 2.0, **client_summary(
-        Tally(window=Window(0.0, 10.0), tokens=10000, events=10000, gaps_ms=[20.0] * 10))}
-    cell = cell_figures(32, 0.02, client, {GATEWAY: 5.0}, TANDEM_KINDS, cpu_wall_s=10.0,
-                        machine_busy_s=19.0, steal_s=0.0)
+    client = {"client": "x", "client_cpu_s": 2.0, "cpu_s_by_pid": {"7": 5.0}, "machine_busy_s": 19.0,
+              "steal_s": 0.5, **client_summary(
+                  Tally(window=Window(0.0, 10.0), tokens=10000, events=10000, gaps_ms=[20.0] * 10))}
+    cell = cell_figures(32, 0.02, client, {GATEWAY: 5.0}, TANDEM_KINDS)
     assert cell["demanded_tok_s"] == 1600.0 and cell["delivered_tok_s"] == 1000.0
     assert cell["delivered_over_demanded"] == 0.625 and cell["pace_ms"] == 20.0
     assert cell["cpu_ms_per_token"][GATEWAY] == 0.5 and cell["load_generator"]["cpu_ms_per_token"] == 0.2
-    assert cell["machine"]["busy_cores"] == 1.9 and cell["machine"]["other_work_cores"] == 1.2
-    assert "client" not in cell and "client_cpu_s" not in cell
+    assert cell["machine"] == {"busy_cores": 1.9, "other_work_cores": 1.2, "steal_cores": 0.05}
+    assert not {"client", "client_cpu_s", "cpu_s_by_pid", "machine_busy_s"} & set(cell)
+
+
+def test_gaps_of_events_in_one_read_are_zero_and_counted():
+    s = client_summary(Tally(window=Window(0.0, 1.0), tokens=5, events=5, gaps_ms=[0.0, 0.0, 20.0, 0.0]))
+    assert s["token_gap"]["same_read_share"] == 0.75 and s["token_gap"]["p50_ms"] == 0.0
 
 
 # ---------------------------------------------------------------- overrides
@@ -239,3 +243,77 @@ def test_variants_file_and_the_command_lines_base(tmp_path):
     with pytest.raises(ValueError):
         load_variants(path)
     assert parse_ints("32, 128,512") == (32, 128, 512)
+
+
+def test_cpu_watch_reads_live_processes_and_skips_gone_ones():
+    import os
+
+    from loadtest.bench.control_plane_client import CpuWatch
+
+    watch = CpuWatch([os.getpid(), 2 ** 22 + 12345])  # above Linux's pid_max: no such process
+    first = watch.read()
+    sum(range(200000))
+    assert set(first) == {os.getpid()} and watch.read()[os.getpid()] >= first[os.getpid()]
+
+
+# ---------------------------------------------------------------- the client against a fake server
+
+def serve_sse(tokens: int, drop_after: int | None = None):
+    """A keep-alive HTTP/1.1 server streaming `tokens` content events per request (usage on
+    each), closing the connection mid-answer after `drop_after` events when set."""
+    import asyncio
+
+    async def handle(reader, writer):
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                length = int(head.lower().split(b"content-length:")[1].split(b"\r\n")[0])
+                await reader.readexactly(length)
+                writer.write(HEAD_200)
+                for i in range(tokens + 1):
+                    if drop_after is not None and i > drop_after:
+                        writer.close()
+                        return
+                    writer.write(chunked(event(i, content="" if i == 0 else "7 "))[:-5])  # no terminator yet
+                    await asyncio.sleep(0.002)
+                writer.write(chunked(b"data: [DONE]\n\n"))
+                await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError):
+            writer.close()
+
+    return handle
+
+
+def run_client(handle, streams=3, max_tokens=8):
+    import argparse
+    import asyncio
+
+    from loadtest.bench.control_plane_client import run
+
+    async def main():
+        server = await asyncio.start_server(handle, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        args = argparse.Namespace(url=f"http://127.0.0.1:{port}", model="m", streams=streams, warmup_s=0.2,
+                                  duration_s=0.5, max_tokens=max_tokens, request_timeout_s=5, progress_s=5,
+                                  cpu_pids=[])
+        async with server:
+            return await asyncio.wait_for(run(args), 20)
+
+    return asyncio.run(main())
+
+
+def test_the_client_streams_closed_loops_over_keep_alive_connections():
+    result = run_client(serve_sse(tokens=8))
+    requests = result["requests"]
+    assert requests["errors"] == 0 and requests["errors_outside_window"] == 0, requests["error_samples"]
+    # Requests that ended in the window began before it (one per stream at most) with some tokens outside.
+    assert requests["completed"] > 3 and result["tokens"] >= 8 * (requests["completed"] - 3)
+    assert result["tokens_per_event"] == 1.0 and result["token_gap"]["n"] > 0
+    assert result["window_s"] == pytest.approx(0.5, abs=0.2) and "client_cpu_s" in result
+
+
+def test_the_client_counts_a_server_dropping_streams_and_still_ends():
+    result = run_client(serve_sse(tokens=8, drop_after=3))
+    requests = result["requests"]
+    assert requests["completed"] == 0 and requests["errors"] > 0
+    assert any("ConnectionError" in e for e in requests["error_samples"])

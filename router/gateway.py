@@ -111,6 +111,7 @@ class Gateway(GatewayReplica):
 
     async def __init__(self, cfg: ClusterConfig, pools: dict[str, TierPools]):  # type: ignore[misc]
         super().__init__(cfg, pools)
+        await _refuse_beside_serve_proxy()
         self.server = await GatewayServer.start(await self.build_http_app(), cfg.gateway.host, cfg.gateway.port)
 
     async def __del__(self):
@@ -120,6 +121,17 @@ class Gateway(GatewayReplica):
         if server is not None:
             await server.stop()
         await self.close()
+
+
+async def _refuse_beside_serve_proxy() -> None:
+    """Serve's HTTP proxy binds its port with SO_REUSEPORT, as the gateway does: started on the
+    same port, the kernel would split connections between them and the proxy's half would fail
+    (it finds no ingress). Serve must run without a proxy (cluster/app.py proxy_location)."""
+    status = await asyncio.to_thread(serve.status)
+    if status.proxies:
+        raise RuntimeError("gateway.ingress is direct but Serve runs an HTTP proxy "
+                           f"({len(status.proxies)} node(s)): start Serve with proxy_location Disabled "
+                           "(cluster/app.py proxy_location), or set gateway.ingress: serve")
 
 
 @serve.deployment(name="Gateway", ray_actor_options={"num_cpus": 0})

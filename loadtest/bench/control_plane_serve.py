@@ -45,7 +45,7 @@ def serve_graph(cfg_raw: dict, pace_s: float, ray_env: dict[str, str], state_dir
     import ray
     from ray import serve
 
-    from cluster.app import build_app
+    from cluster.app import build_app, proxy_location
     from cluster.config import ClusterConfig
     from cluster.engine.fake import FakeEngine, FakeKnobs
     from cluster.types import APP_NAME
@@ -65,7 +65,7 @@ def serve_graph(cfg_raw: dict, pace_s: float, ray_env: dict[str, str], state_dir
     node_ip = ray.util.get_node_ip_address()
     if node_ip != "127.0.0.1":
         raise RuntimeError(f"Ray's node address is {node_ip}, not loopback: its ports would listen on every interface")
-    serve.start(proxy_location="HeadOnly", http_options={"host": cfg.gateway.host, "port": cfg.gateway.port},
+    serve.start(proxy_location=proxy_location(cfg), http_options={"host": cfg.gateway.host, "port": cfg.gateway.port},
                 logging_config={"log_level": "WARNING"})
     app = building.result()
     pool.shutdown()

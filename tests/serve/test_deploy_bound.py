@@ -30,4 +30,11 @@ def test_a_replica_that_never_starts_fails_the_start_by_its_deadline_and_is_remo
     while "never-ready" in serve.status().applications and time.monotonic() < deadline:
         time.sleep(0.5)
     assert "never-ready" not in serve.status().applications
-    assert "tandem" in serve.status().applications  # the session's graph is untouched
+    # The session's graph is untouched. Its deploy may not be submitted yet (build_app imports
+    # vLLM's server in a thread while Serve starts, and Serve without an HTTP proxy starts
+    # sooner than that): wait for it to be listed, then it must not be failing or going away.
+    deadline = time.monotonic() + 120
+    while "tandem" not in serve.status().applications and time.monotonic() < deadline:
+        time.sleep(0.5)
+    status = serve.status().applications.get("tandem")
+    assert status is not None and status.status.value not in ("DEPLOY_FAILED", "DELETING", "UNHEALTHY")

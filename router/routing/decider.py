@@ -141,14 +141,6 @@ class Decision:
     gap_local_s: float  # 0 with no running streams to delay
     reuse_first_token: bool = True  # rule 9: stream the prefill's token as the first (remote path)
 
-    @property
-    def skip_prefill(self) -> bool:
-        return self.path == "local"
-
-    @property
-    def whole_on_prefill(self) -> bool:
-        return self.path == "whole"
-
 
 def predict_remote_ttft(req: RequestView, prefill: PrefillView, queued: bool = True) -> float:
     uncached = max(req.prompt_tokens - req.cached_on_prefill, 0)

@@ -68,11 +68,3 @@ class RouteDecision:
     reason: str
     predicted_hit_tokens: int = 0  # prompt tokens the chosen engine should find cached
     reuse_first_token: bool = True  # the prefill's token may be the answer's first (decider rule 9)
-
-    @property
-    def skip_prefill(self) -> bool:
-        return self.path == "local"
-
-    @property
-    def whole_on_prefill(self) -> bool:
-        return self.path == "whole"

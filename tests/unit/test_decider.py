@@ -89,7 +89,7 @@ def test_modes_always_and_never_ignore_load():
     req = RequestView(prompt_tokens=1500)
     assert decide(PDDecider(mode="always"), req, idle_prefill(10**6), decode_with(), SLO).path == "remote"
     never = decide(PDDecider(mode="never"), req, idle_prefill(), decode_with(), SLO)
-    assert (never.path, never.reason, never.skip_prefill) == ("local", "never", True)
+    assert (never.path, never.reason) == ("local", "never")
 
 
 def test_the_fixed_threshold_still_works_in_adaptive_and_always():
@@ -221,15 +221,15 @@ def req(n: int, rid="r1") -> EngineRequest:
 def test_the_router_sends_long_prompts_local_when_the_reported_prefill_queue_is_long():
     busy = router({"queued_prompt_tokens": 5000}, {"running_seqs": 0})
     decision = asyncio.run(busy.route(req(300), "interactive"))
-    assert decision.skip_prefill and decision.prefill is None and decision.decode is not None
+    assert decision.path == "local" and decision.prefill is None and decision.decode is not None
     idle = router({"queued_prompt_tokens": 0}, {"running_seqs": 0})
     decision = asyncio.run(idle.route(req(300), "interactive"))
-    assert not decision.skip_prefill and decision.prefill.worker.worker_id == "interactive-prefill-x"
+    assert decision.path != "local" and decision.prefill.worker.worker_id == "interactive-prefill-x"
 
 
 def test_never_mode_does_not_pick_a_prefill_engine():
     decision = asyncio.run(router({}, {}, mode="never").route(req(3000), "interactive"))
-    assert decision.skip_prefill and decision.prefill is None
+    assert decision.path == "local" and decision.prefill is None
 
 
 def test_prefill_hops_calibrate_the_prefill_engines_model_from_hops_queued_behind_nothing():
@@ -262,7 +262,7 @@ def test_a_timed_out_hop_moves_the_model_at_most_threefold():
 def test_a_local_prefill_is_queued_on_its_decode_replica_until_its_first_token():
     r = router({"queued_prompt_tokens": 5000}, {"running_seqs": 0})
     a = asyncio.run(r.route(req(300, "a"), "interactive"))
-    assert a.skip_prefill
+    assert a.path == "local"
     with r.dispatch(a.decode, "a"):
         assert r._ledger._queued_tokens == {"x": 300}
         b = asyncio.run(r.route(req(300, "b"), "interactive"))  # sees a's prompt ahead on decode
@@ -342,7 +342,7 @@ def test_a_reported_queue_is_discounted_by_this_gateways_prompts_done_since():
     r = router({"queued_prompt_tokens": 300}, {"running_seqs": 0})
     r._ledger._clock = lambda: now[0]
     first = asyncio.run(r.route(req(300, "a"), "interactive"))
-    assert first.skip_prefill  # 300 tokens reported queued: past half the slack, local
+    assert first.path == "local"  # 300 tokens reported queued: past half the slack, local
     r._ledger._queued_tokens.clear()
     r._ledger._pending.clear()
     # A remote prompt of this gateway's finishes on the prefill replica...
@@ -353,6 +353,6 @@ def test_a_reported_queue_is_discounted_by_this_gateways_prompts_done_since():
         pass
     # ...so the stale report's 300 tokens are its own: the next prompt goes remote.
     second = asyncio.run(r.route(req(300, "c"), "interactive"))
-    assert not second.skip_prefill and second.prefill is not None
+    assert second.path != "local" and second.prefill is not None
     now[0] += STALE_STATS_S + 0.1  # past the staleness window, the report counts again
-    assert asyncio.run(r.route(req(300, "d"), "interactive")).skip_prefill
+    assert asyncio.run(r.route(req(300, "d"), "interactive")).path == "local"

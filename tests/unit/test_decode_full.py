@@ -31,7 +31,7 @@ def full_decode(running=70) -> DecodeView:
 
 def test_a_decode_engine_at_its_bound_sends_the_stream_whole_to_a_prefill_engine_with_room():
     d = decide(BALANCING, ANSWER, PrefillView(queued_tokens=0), full_decode(), SLO)
-    assert (d.path, d.reason, d.whole_on_prefill, d.skip_prefill) == ("whole", "decode_full", True, False)
+    assert (d.path, d.reason) == ("whole", "decode_full")
     # Without the rule: remote, and the reason says the decode engine's step is why not local.
     off = decide(PDDecider(mode="adaptive"), ANSWER, PrefillView(queued_tokens=0), full_decode(), SLO)
     assert (off.path, off.reason) == ("remote", "prefill_ok")
@@ -103,7 +103,7 @@ def test_the_router_sends_streams_whole_to_prefill_until_its_reported_gaps_pass_
     decode_full = {"running_seqs": 70, "step_s": 0.106, "step_n": 500}
     r = _router({"running_seqs": 1, "step_s": 0.05, "step_n": 20}, decode_full)
     decision = asyncio.run(r.route(_request("a"), "interactive"))
-    assert decision.whole_on_prefill and decision.prefill.worker.worker_id == "interactive-prefill-x"
+    assert decision.path == "whole" and decision.prefill.worker.worker_id == "interactive-prefill-x"
     model = r.cost_model("interactive-prefill-x").step
     assert (model.sx, model.sy) == pytest.approx((STEP_PRIOR.sx * 0.95 + 1, STEP_PRIOR.sy * 0.95 + 0.05))
     # Its streams now report 150 ms gaps: after a few reports the rule stops sending more there.
@@ -112,4 +112,4 @@ def test_the_router_sends_streams_whole_to_prefill_until_its_reported_gaps_pass_
         slow._directories[("interactive", "prefill")].set_replicas([ReplicaInfo("x", 8, RoutingStats.from_dict(
             {"worker_id": "interactive-prefill-x", "running_seqs": 1, "step_s": 0.15, "step_n": 20 + i}))])
         last = asyncio.run(slow.route(_request(f"b{i}"), "interactive"))
-    assert not last.whole_on_prefill and not last.skip_prefill
+    assert last.path == "remote"

@@ -129,7 +129,7 @@ def test_router_sends_a_prompt_to_the_prefill_worker_holding_its_prefix():
     assert decision.prefill.worker.worker_id == "interactive-prefill-p2"
     assert decision.prefill.worker.replica_id == "p2"
     assert decision.reason == "prefix_hit" and decision.predicted_hit_tokens == 24
-    assert decision.decode.worker.worker_id == "interactive-decode-d1" and not decision.skip_prefill
+    assert decision.decode.worker.worker_id == "interactive-decode-d1" and decision.path != "local"
 
 
 def test_router_without_a_hit_routes_on_load():
@@ -165,7 +165,7 @@ def test_router_degrades_to_load_only_when_the_index_is_unavailable():
 def test_router_with_no_known_workers_lets_serve_choose():
     decision = asyncio.run(kv_router(MemoryPrefixIndex(), prefill=(), decode=()).route(request(PROMPT), "interactive"))
     assert decision.prefill is None and decision.decode is None and decision.reason == "no_workers"
-    assert not decision.skip_prefill
+    assert decision.path != "local"
 
 
 def test_replicas_without_routing_stats_yet_are_load_only_candidates():
@@ -181,10 +181,10 @@ def test_decider_sends_prompts_mostly_cached_on_decode_straight_to_decode():
     index = MemoryPrefixIndex()
     index.apply([BlockStored("interactive-decode-d1", tuple(BlockHasher(4).hashes(PROMPT[:36])))])
     decision = asyncio.run(kv_router(index, decider=PDDecider(8)).route(request(PROMPT), "interactive"))
-    assert decision.skip_prefill and decision.prefill is None
+    assert decision.path == "local" and decision.prefill is None
     assert decision.predicted_hit_tokens == 36
     short = asyncio.run(kv_router(MemoryPrefixIndex(), decider=PDDecider(8)).route(request(PROMPT[:6]), "interactive"))
-    assert short.skip_prefill
+    assert short.path == "local"
 
 
 def test_baseline_pickers_ignore_scores():

@@ -34,7 +34,7 @@ DECODE = DecodeView(running_seqs=2, chunk_budget_tokens=64)
 
 def test_a_short_answer_that_would_go_remote_runs_whole_on_prefill():
     d = decide(WHOLE, short(), prefill_view(), DECODE, SLO)
-    assert (d.path, d.reason, d.whole_on_prefill, d.skip_prefill) == ("whole", "short_output", True, False)
+    assert (d.path, d.reason) == ("whole", "short_output")
 
 
 def test_long_or_unbounded_answers_and_the_other_modes_keep_their_paths():

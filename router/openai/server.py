@@ -11,6 +11,10 @@ Several gateway replicas on one node share the port with SO_REUSEPORT: the kerne
 connections over them (Linux lets only the same user join a port so bound). On Kubernetes the
 chart pins the gateway to the head pod, where Serve's proxy was.
 
+Each request gets one access line in the replica's Serve log file (not the console), as Serve's
+proxy wrote for it: method, path, status, latency and the request id the client sent in
+X-Request-Id (or the one the edge made up), so an operator finds a request by the id it returned.
+
 Lifecycle: `start` once on the replica's event loop (it returns when the socket listens, or
 raises naming the address); `stop` on teardown (idempotent): stops accepting, lets open
 streams finish for up to `drain_s`, then closes what is left.
@@ -22,11 +26,53 @@ import asyncio
 import contextlib
 import logging
 import socket
+import time
 from typing import Any, Iterator, Optional
 
 import uvicorn
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from router.openai.errors import REQUEST_ID_HEADER
 
 log = logging.getLogger(__name__)
+# A child of Serve's logger: inside a replica its records reach the replica's file under the
+# session's logs/serve/. Its own level, because the cluster sets Serve's to WARNING to keep the
+# console quiet, and an access log is an operator's record (Serve's proxy wrote it at INFO too).
+access_log = logging.getLogger("ray.serve.tandem_access")
+access_log.setLevel(logging.INFO)
+_REQUEST_ID = REQUEST_ID_HEADER.lower().encode()
+
+
+class AccessLog:
+    """One line per HTTP request after its response ends, in Serve's access-log shape."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        start = time.perf_counter()
+        status, request_id = "ERROR", ""
+
+        async def send_noting_status(message: Message) -> None:
+            nonlocal status, request_id
+            if message["type"] == "http.response.start":
+                status = str(message["status"])
+                for name, value in message.get("headers", ()):
+                    if name.lower() == _REQUEST_ID:
+                        request_id = value.decode("latin-1")
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_noting_status)
+        finally:
+            path = scope.get("path", "")
+            access_log.info("%s %s %s %.1fms request_id=%s", scope.get("method", ""), path, status,
+                            (time.perf_counter() - start) * 1000, request_id,
+                            extra={"request_id": request_id, "route": path, "serve_access_log": True,
+                                   "log_to_stderr": False})
 
 
 class _Server(uvicorn.Server):
@@ -61,7 +107,7 @@ class GatewayServer:
     @classmethod
     async def start(cls, app: Any, host: str, port: int, *, keep_alive_s: float = 5.0) -> "GatewayServer":
         sock = listening_socket(host, port)
-        config = uvicorn.Config(app, host=host, port=port, lifespan="off", access_log=False, log_config=None,
+        config = uvicorn.Config(AccessLog(app), host=host, port=port, lifespan="off", access_log=False, log_config=None,
                                 timeout_keep_alive=keep_alive_s, timeout_graceful_shutdown=None)
         server = _Server(config)
         task = asyncio.ensure_future(server.serve(sockets=[sock]))

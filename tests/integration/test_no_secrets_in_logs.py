@@ -1,8 +1,8 @@
 """No secret in any log line of a real run: requests carrying credentials (a bearer key, an
-Azure-style api-key header, a cookie) go through the real cluster (Serve proxy, gateway,
-engines) on good and bad paths, then every file of the Ray session's logs is searched for the
-key material. A marker path in the same requests must show up in those logs, so the search
-provably read the logs this run wrote (Serve logs a client's X-Request-Id as the request id).
+Azure-style api-key header, a cookie) go through the real cluster (gateway, engines) on good
+and bad paths, then every file of the Ray session's logs is searched for the key material. A
+marker request id in the same requests must show up in those logs, so the search provably read
+the logs this run wrote (the gateway's access log names the client's X-Request-Id).
 
 The shared integration cluster has an open API (no keys configured: other tests send none),
 so the gateway ignores the key here; tests/unit/test_secrets_not_logged.py covers a gateway
@@ -74,6 +74,6 @@ def test_credentials_never_reach_the_logs(base_url):
             break
         time.sleep(1)
     assert found[marker], (f"the marker request id never reached {logs}: the search would prove nothing "
-                           "(are Serve's access logs off?)")
+                           "(is the gateway's access log, router/openai/server.py AccessLog, off?)")
     assert not found[secret], f"API key material logged in {found[secret]}"
     assert not found[cookie_secret], f"cookie logged in {found[cookie_secret]}"

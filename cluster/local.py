@@ -156,6 +156,8 @@ class LocalCluster:
             f"{tier}: {t.prefill.replicas} prefill + {t.decode.replicas} decode" for tier, t in self.cfg.tiers.items()
         )
         self.progress(f"[tandem] deploying {self.cfg.model.served_name}: gateway; {pools}")
+        for tier, t in self.cfg.tiers.items():
+            self.progress(f"[tandem] admission, {tier}: {t.admission.summary()}")
         deadline = t0 + ready_timeout_s
         run_app(build_app(self.cfg), APP_NAME, deadline, self.progress, t0)
         self._wait_ready(deadline)

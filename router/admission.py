@@ -59,6 +59,7 @@ class TierGate:
         self._clock = clock
         self._freed: deque[float] = deque()  # when places freed up, over the last RATE_WINDOW_S
         self._max_running = config.max_running
+        self.target_ttft_s = config.target_ttft_s
         self._adaptive = None if config.target_ttft_s is None else AdaptiveLimit(
             config.target_ttft_s, config.min_running, config.max_running, clock)
 
@@ -181,6 +182,9 @@ class AdmissionControl:
 
     async def health(self) -> dict[str, Any]:
         info = dict(await self.backend.health())
-        info["admission"] = {t: {"running": g.running, "queued": g.queued, "limit": g.limit}
+        # max_queue_wait_s / target_ttft_s null: no shedding on a predicted wait, as vLLM's server
+        info["admission"] = {t: {"running": g.running, "queued": g.queued, "limit": g.limit,
+                                 "max_queued": g.max_queued, "max_queue_wait_s": g.max_queue_wait_s,
+                                 "target_ttft_s": g.target_ttft_s}
                              for t, g in self.gates.items()}
         return info

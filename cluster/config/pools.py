@@ -189,6 +189,18 @@ class AdmissionConfig(_Strict):
                                 "places, fixed.")
     min_running: int = Field(1, ge=1, description="The fewest running places target_ttft_s may leave.")
 
+    def summary(self) -> str:
+        """One line for the start-up output: when this tier answers 429."""
+        line = (f"up to {self.max_running} running and {self.max_queued} queued "
+                f"(a queued request waits up to {self.queue_timeout_s:g} s), then 429")
+        if self.max_queue_wait_s is None and self.target_ttft_s is None:
+            return line + "; no SLO shedding"
+        if self.max_queue_wait_s is not None:
+            line += f"; sheds arrivals expected to wait over {self.max_queue_wait_s:g} s"
+        if self.target_ttft_s is not None:
+            line += f"; running places adapt ({self.min_running}..{self.max_running}) to a {self.target_ttft_s:g} s TTFT"
+        return line
+
     @model_validator(mode="after")
     def _min_within_max(self) -> "AdmissionConfig":
         if self.min_running > self.max_running:

@@ -18,9 +18,12 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Optional
+from typing import TYPE_CHECKING, Callable, Optional
 
 import httpx
+
+if TYPE_CHECKING:
+    from cluster.config import ClusterConfig
 
 ROOT = Path(__file__).resolve().parents[2]
 READY = re.compile(r"\[tandem\] ready in (\d+(?:\.\d+)?) s")
@@ -53,6 +56,22 @@ class DirectEngineSpec:
     on_gpu: bool = False
     max_num_seqs: Optional[int] = None
     max_num_batched_tokens: Optional[int] = None
+
+    @classmethod
+    def like_tandem(cls, cfg: "ClusterConfig", port: int) -> "DirectEngineSpec":
+        """One plain vLLM server shaped as the default tier's prefill engine: the same model,
+        dtype (decided for this host as tandem decides it), KV bytes and batch limits, on the
+        prefill engine's cores (or GPU 0 for a GPU config)."""
+        from cluster.hardware import cpu_flags, engine_dtype
+
+        tier = cfg.tiers[cfg.default_tier]
+        gpu = tier.prefill.num_gpus > 0
+        return cls(model_path=cfg.model.path, served_name=cfg.model.served_name,
+                   dtype=engine_dtype(cfg.model.dtype, gpu, cpu_flags()), max_model_len=cfg.model.max_model_len,
+                   kv_cache_bytes=tier.prefill.engine.kv_cache_bytes, port=port, on_gpu=gpu,
+                   devices="0" if gpu else (tier.prefill.cpu_binding or ("0",))[0],
+                   max_num_seqs=tier.prefill.engine.max_num_seqs,
+                   max_num_batched_tokens=tier.prefill.engine.max_num_batched_tokens)
 
     @property
     def url(self) -> str:

@@ -275,14 +275,10 @@ def parse_batches(text: str) -> dict[int, int]:
 
 def bench(args) -> dict:
     from cluster.config import ClusterConfig
-    from cluster.hardware import cpu_flags, engine_dtype
 
     cfg = ClusterConfig.load(args.config)
-    tier = cfg.tiers[cfg.default_tier]
-    gpu = tier.prefill.num_gpus > 0
-    # tandem decides dtype auto on each engine's host; decide it here the same way for the direct server.
-    dtype = engine_dtype(cfg.model.dtype, gpu, cpu_flags())
-    cores = "0" if gpu else (tier.prefill.cpu_binding or ("0",))[0]
+    spec = DirectEngineSpec.like_tandem(cfg, DIRECT_PORT)
+    dtype, cores = spec.dtype, spec.devices
     cells = [{"name": f"{p}_c{c}", "prompt": p, "concurrency": c, "batches": n}
              for p in ("short", "long") for c, n in sorted(parse_batches(args.batches).items())]
     per_system = {p: args.warmup * (p == "short") + 1 * (p == "long")
@@ -291,10 +287,6 @@ def bench(args) -> dict:
         f"~{args.long_prompt} tokens)")
     prompts = make_prompts(cfg.model.path, {"short": args.short_prompt, "long": args.long_prompt},
                            2 * max(per_system.values()), args.seed)
-    spec = DirectEngineSpec(model_path=cfg.model.path, served_name=cfg.model.served_name, dtype=dtype,
-                            max_model_len=cfg.model.max_model_len, kv_cache_bytes=tier.prefill.engine.kv_cache_bytes,
-                            port=DIRECT_PORT, on_gpu=gpu, devices=cores, max_num_seqs=tier.prefill.engine.max_num_seqs,
-                            max_num_batched_tokens=tier.prefill.engine.max_num_batched_tokens)
     result = {"benchmark": "stream", "command": " ".join(["python -m loadtest.bench.stream", *sys.argv[1:]]),
               "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "machine": machine_facts(),
               "model": cfg.model.served_name, "model_path": str(cfg.model.path), "dtype": dtype,

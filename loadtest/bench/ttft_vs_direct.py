@@ -134,15 +134,7 @@ def run_cluster(cfg: ClusterConfig, cases: dict, args) -> dict:
 
 
 def run_direct(cfg: ClusterConfig, cases: dict, args) -> dict:
-    tier = cfg.tiers[cfg.default_tier]
-    # A GPU config (pools with num_gpus) gets the direct engine on GPU 0; otherwise it is bound
-    # to the prefill engine's cores.
-    gpu = tier.prefill.num_gpus > 0
-    spec = DirectEngineSpec(model_path=cfg.model.path, served_name=cfg.model.served_name, dtype=cfg.model.dtype,
-                            max_model_len=cfg.model.max_model_len, kv_cache_bytes=tier.prefill.engine.kv_cache_bytes,
-                            port=DIRECT_PORT, on_gpu=gpu, devices="0" if gpu else (tier.prefill.cpu_binding or ("0",))[0],
-                            max_num_seqs=tier.prefill.engine.max_num_seqs,
-                            max_num_batched_tokens=tier.prefill.engine.max_num_batched_tokens)
+    spec = DirectEngineSpec.like_tandem(cfg, DIRECT_PORT)
     out = {}
     with DirectEngines([spec]) as engines:
         out["cold_start_to_ready_s"] = round(engines.cold_start_s, 1)

@@ -126,3 +126,18 @@ def test_openai_agents_sdk(base_url):
     assert not failed, failed
     assert all(isinstance(r["final_output"], str) for r in results.values()), results
     assert done.returncode == 0, _tail(done)
+
+
+def test_vllm_benchmark_completes_at_concurrency_8_what_vllm_completes(base_url, direct_vllm_url, tiny_model_dir):
+    """vLLM's own serving benchmark, unmodified (loadtest/bench/vllm_bench.py), against the test
+    cluster and the plain vLLM server on the same workload (issue 28): tandem queues what it
+    cannot start yet, as vLLM does, so nothing fails and it completes what vLLM completes."""
+    from loadtest.bench import vllm_bench
+
+    workload = vllm_bench.Workload(prompts=32, input_len=128, output_len=16, concurrency=8)
+    results = {name: vllm_bench.summary(vllm_bench.run(url, MODEL_NAME, tiny_model_dir, workload, timeout_s=600))
+               for name, url in (("vllm", direct_vllm_url), ("tandem", base_url))}
+    print(f"\nvLLM's benchmark, {workload}: {json.dumps(results)}")
+    assert results["vllm"]["failed"] == 0 and results["vllm"]["completed"] == workload.prompts, results
+    assert results["tandem"]["failed"] == 0, results
+    assert results["tandem"]["completed"] == results["vllm"]["completed"], results

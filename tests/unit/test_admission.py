@@ -13,6 +13,7 @@ from cluster.protocol import EngineRequest
 from router.admission import AdmissionControl, TierGate
 from router.concurrency_limit import AdaptiveLimit
 from router.openai.errors import OpenAIError
+from tests.conftest import REPO
 from tests.fakes import FakeBackend
 
 LIMITS = {"interactive": AdmissionConfig(max_running=2, max_queued=1, queue_timeout_s=5, retry_after_s=3),
@@ -220,6 +221,19 @@ def test_gate_with_a_ttft_target_admits_fewer_when_slow_and_more_when_fast():
     asyncio.run(main())
 
 
+def test_the_default_config_sheds_on_nothing_but_its_bounds_and_says_so():
+    """Issue 28: as `vllm serve`, the default tiers queue what they cannot start; a 429 is for a
+    full queue (or a tenant's limit), never for a predicted lateness."""
+    from cluster.config import ClusterConfig
+
+    cfg = ClusterConfig.load(REPO / "cluster" / "configs" / "local.yaml")
+    for tier, t in cfg.tiers.items():
+        assert (t.admission.max_queue_wait_s, t.admission.target_ttft_s) == (None, None), tier
+        assert t.admission.summary().endswith("; no SLO shedding"), t.admission.summary()
+    shedding = AdmissionConfig(max_running=8, max_queue_wait_s=0.5, target_ttft_s=1, min_running=2).summary()
+    assert "over 0.5 s" in shedding and "(2..8) to a 1 s TTFT" in shedding
+
+
 def test_min_running_over_max_running_is_refused_at_the_edge():
     with pytest.raises(ValueError, match="min_running"):
         AdmissionConfig(max_running=2, min_running=3)
@@ -246,7 +260,8 @@ def test_batch_load_never_degrades_interactive_admission():
         for it, _ in held[1:]:
             await it.aclose()
         assert {t: (g.running, g.queued) for t, g in admission.gates.items()} == {"interactive": (0, 0), "batch": (0, 0)}
-        assert (await admission.health())["admission"]["batch"] == {"running": 0, "queued": 0, "limit": 1}
+        assert (await admission.health())["admission"]["batch"] == {
+            "running": 0, "queued": 0, "limit": 1, "max_queued": 1, "max_queue_wait_s": None, "target_ttft_s": None}
 
     asyncio.run(main())
 

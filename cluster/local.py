@@ -40,6 +40,8 @@ LOCAL_RAY_ENV = {
     "RAY_DEDUP_LOGS": "0",
     # Engines and Serve log every request at INFO; keep the console to progress and problems.
     "VLLM_LOGGING_LEVEL": "WARNING",
+    # vLLM's own logging set-up closes Serve's replica log files (cluster/vllm_logging.py).
+    "VLLM_CONFIGURE_LOGGING": "0",
 }
 
 

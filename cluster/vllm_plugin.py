@@ -7,6 +7,8 @@ What it does, each only where the engine wrapper asked for it in the environment
   EngineCore and worker would otherwise live on as orphans, holding memory and the NIXL port.
 - TANDEM_NIXL_CPU_PATCH=1: the NIXL CPU-host patch (kv_transfer/cpu_patch.py).
 - TANDEM_NO_SPIN=1: shared-memory queue readers wait instead of spinning (cluster/no_spin.py).
+- VLLM_CONFIGURE_LOGGING=0: vLLM's console handler, without the dictConfig that would close
+  Serve's replica log file (cluster/vllm_logging.py).
 - TANDEM_ENGINE_NICE=N: vLLM's EngineCore and worker processes run at niceness N (at least),
   so the gateway and Serve's proxy on the same cores get the CPU when they have work. The
   replica process itself, which relays every token, keeps its priority.
@@ -27,6 +29,9 @@ GRACE_S = 10.0
 
 
 def register() -> None:
+    from cluster.vllm_logging import configure_vllm_logger
+
+    configure_vllm_logger()
     if os.environ.get(EXIT_WITH_PARENT) == "1":
         watch_parent()
     if os.environ.get(ENGINE_NICE) and multiprocessing.parent_process() is not None:

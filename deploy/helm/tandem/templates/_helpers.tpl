@@ -121,6 +121,9 @@ secrets of tandem's own: those are in tandem.gatewayEnv, on the head only.
 {{- end }}
 - name: RAY_USAGE_STATS_ENABLED
   value: "0"
+{{- /* vLLM's own logging set-up closes Serve's replica log files (cluster/vllm_logging.py) */}}
+- name: VLLM_CONFIGURE_LOGGING
+  value: "0"
 {{- end -}}
 
 {{/*

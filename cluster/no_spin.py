@@ -22,12 +22,37 @@ acts only where the engine wrapper set TANDEM_NO_SPIN=1, which it does on CPU ho
 from __future__ import annotations
 
 import functools
+import inspect
 import logging
 
 log = logging.getLogger("vllm.tandem_no_spin")
 ENV_FLAG = "TANDEM_NO_SPIN"
 POLL_CAP_MS = 1
+WRITTEN_FOR = "vLLM 0.32.0"
 _applied = False
+
+
+def check(shm_broadcast) -> None:
+    """Raise, naming this patch and the version it was written for, when vLLM's SpinCondition
+    no longer has what the wrappers below call: a wrapper of a changed signature would fail
+    later, inside vLLM's queues, with a message that names neither (UPSTREAM.md)."""
+    condition = getattr(shm_broadcast, "SpinCondition", None)
+    if condition is None:
+        problems = ["shm_broadcast.SpinCondition is gone"]
+    else:
+        init = list(inspect.signature(condition.__init__).parameters)
+        wait = list(inspect.signature(condition.wait).parameters)
+        problems = []
+        if init[:5] != ["self", "is_reader", "context", "notify_address", "busy_loop_s"]:
+            problems.append(f"SpinCondition.__init__ takes {init}")
+        if wait[:2] != ["self", "timeout_ms"]:
+            problems.append(f"SpinCondition.wait takes {wait}")
+    if problems:
+        import vllm
+
+        raise RuntimeError(f"tandem's no-spin patch (cluster/no_spin.py) was written for {WRITTEN_FOR} and does "
+                           f"not apply to vLLM {vllm.__version__}: {'; '.join(problems)}. Update cluster/no_spin.py "
+                           "(or run without it: the engine wrapper sets TANDEM_NO_SPIN on CPU hosts).")
 
 
 def apply() -> None:
@@ -36,6 +61,7 @@ def apply() -> None:
         return
     from vllm.distributed.device_communicators import shm_broadcast
 
+    check(shm_broadcast)
     original_init = shm_broadcast.SpinCondition.__init__
     original_wait = shm_broadcast.SpinCondition.wait
 

@@ -8,20 +8,20 @@ loopback (a local cluster) the server binds that address instead; elsewhere (Kub
 the pod IP, behind the chart's NetworkPolicies) Serve's own choice stands.
 
 Call `bind_replica_grpc_on_node_address()` first thing in a deployment's __init__: Serve
-starts the server after the constructor returns. Idempotent; a no-op when Serve's code no
-longer has the function (a newer Ray), so a version change can only lose the narrowing,
-which tests/integration/test_security_network.py reports.
+starts the server after the constructor returns. Idempotent. When Serve's code no longer
+has the function (a newer Ray) it raises, naming this file and the Ray version it was written
+for: on a loopback node the narrowing is what keeps the port off the network, so losing it
+must not pass as a log line (UPSTREAM.md; tests/unit/test_upstream_seams.py checks the
+function and the call Serve makes; tests/integration/test_security_network.py what listens).
 """
 
 from __future__ import annotations
 
 import ipaddress
-import logging
 from typing import Any, Callable
 
-log = logging.getLogger(__name__)
-
 _ALL_INTERFACES = "[::]:0"
+WRITTEN_FOR = "Ray 2.60.0"
 
 
 def narrowed(add_port: Callable[[Any, str], int], host: str) -> Callable[[Any, str], int]:
@@ -43,8 +43,10 @@ def bind_replica_grpc_on_node_address(node_ip: Callable[[], str] | None = None) 
         return False
     original = getattr(replica, "add_port_to_grpc_server", None)
     if original is None:
-        log.warning("Serve has no add_port_to_grpc_server: its replica gRPC server keeps Serve's address")
-        return False
+        raise RuntimeError(f"tandem's Serve patch (cluster/serve_patch.py) was written for {WRITTEN_FOR} and does not "
+                           f"apply to Ray {ray.__version__}: ray.serve._private.replica has no "
+                           "add_port_to_grpc_server, so the replica's gRPC server would listen on all interfaces. "
+                           "Update cluster/serve_patch.py.")
     if not getattr(original, "tandem_narrowed", False):
         replica.add_port_to_grpc_server = narrowed(original, host)
     return True

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+import inspect
 import logging
 import os
 
@@ -37,7 +38,30 @@ ENV_FLAG = "TANDEM_NIXL_CPU_PATCH"
 # A bound on a lost wake-up (NIXL's own comment: UCX's event fd may miss some events), not a
 # delay on work, which wakes the thread at once.
 PROGRESS_POLL_ENV = "TANDEM_NIXL_PROGRESS_POLL_US"
+WRITTEN_FOR = "vLLM 0.32.0 with NIXL 1.5.1"
 _applied = False
+
+
+def check(base_worker) -> None:
+    """Raise, naming this patch and the versions it was written for, when vLLM's NIXL worker or
+    NIXL's bindings no longer have what apply() replaces: the patch must not half-apply, and a
+    missing name would otherwise fail as a bare AttributeError inside the EngineCore."""
+    problems = [f"base_worker.{name} is gone" for name in ("nixl_agent_config", "NixlWrapper", "NixlBaseConnectorWorker")
+                if not hasattr(base_worker, name)]
+    if not problems and base_worker.nixl_agent_config is not None:  # None: vLLM found no NIXL
+        if "enable_prog_thread" not in inspect.signature(base_worker.nixl_agent_config).parameters:
+            problems.append("nixl_agent_config takes no enable_prog_thread")
+        bindings = getattr(importlib.import_module(base_worker.NixlWrapper.__module__), "nixlBind", None)
+        if bindings is None or not hasattr(bindings, "nixlAgent"):
+            problems.append("NIXL's _api module has no nixlBind.nixlAgent")
+        elif not hasattr(bindings.nixlAgentConfig(), "pthrDelay"):
+            problems.append("NIXL's nixlAgentConfig has no pthrDelay")
+    if problems:
+        import vllm
+
+        raise RuntimeError(f"tandem's NIXL CPU patch (kv_transfer/cpu_patch.py) was written for {WRITTEN_FOR} and "
+                           f"does not apply to vLLM {vllm.__version__}: {'; '.join(problems)}. Update "
+                           "kv_transfer/cpu_patch.py (or set kv_transfer.cpu_patch: false).")
 
 
 def apply() -> None:
@@ -50,6 +74,7 @@ def apply() -> None:
     if poll is None:
         raise RuntimeError(f"{ENV_FLAG}=1 needs {PROGRESS_POLL_ENV} (microseconds or 'off'): "
                            "kv_transfer/nixl.py nixl_env sets both from the config")
+    check(base_worker)
     if base_worker.nixl_agent_config is not None:  # None: vLLM found no NIXL
         if poll == "off":
             base_worker.nixl_agent_config = functools.partial(base_worker.nixl_agent_config, enable_prog_thread=False)

@@ -13,6 +13,8 @@ from __future__ import annotations
 from contextlib import contextmanager
 from typing import Callable, Iterator, Optional
 
+from cluster import vllm_metrics as vm  # the vLLM metric names, one table
+
 # Metric names on the wire between replicas and the policy.
 QUEUED_PROMPT_TOKENS = "queued_prompt_tokens"
 RUNNING_SEQS = "running_seqs"
@@ -20,11 +22,12 @@ KV_USAGE = "kv_usage"
 TTFT_SUM, TTFT_COUNT = "ttft_s_sum", "ttft_count"
 ITL_SUM, ITL_COUNT = "itl_s_sum", "itl_count"
 
+# Signal → the vLLM sample it is the per-period increment of.
 _COUNTERS = {
-    TTFT_SUM: "vllm:time_to_first_token_seconds_sum",
-    TTFT_COUNT: "vllm:time_to_first_token_seconds_count",
-    ITL_SUM: "vllm:inter_token_latency_seconds_sum",
-    ITL_COUNT: "vllm:inter_token_latency_seconds_count",
+    TTFT_SUM: vm.TTFT_SUM,
+    TTFT_COUNT: vm.TTFT_COUNT,
+    ITL_SUM: vm.ITL_SUM,
+    ITL_COUNT: vm.ITL_COUNT,
 }
 
 MetricsReader = Callable[[], dict[tuple[str, Optional[str]], float]]
@@ -60,12 +63,11 @@ class ReplicaSignals:
         values = self._read()
         out = {
             QUEUED_PROMPT_TOKENS: float(self._queued_prompt_tokens),
-            RUNNING_SEQS: values.get(("vllm:num_requests_running", None), 0.0)
-            + values.get(("vllm:num_requests_waiting", None), 0.0),
-            KV_USAGE: values.get(("vllm:kv_cache_usage_perc", None), 0.0),
+            RUNNING_SEQS: values.get(vm.REQUESTS_RUNNING, 0.0) + values.get(vm.REQUESTS_WAITING, 0.0),
+            KV_USAGE: values.get(vm.KV_CACHE_USAGE, 0.0),
         }
-        for name, source in _COUNTERS.items():
-            total = values.get((source, None), 0.0)
+        for name, sample in _COUNTERS.items():
+            total = values.get(sample, 0.0)
             # The first sample has no previous one: report 0, not the lifetime total.
             out[name] = max(0.0, total - self._last.get(name, total))
             self._last[name] = total

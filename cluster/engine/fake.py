@@ -47,13 +47,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, AsyncIterator, Optional, Sequence
 
+from cluster import vllm_metrics as vm  # the vLLM metric names, one table
 from cluster.engine.base import CacheLayout, Engine, EngineInfo, EngineSpec, KVEventsEndpoint, cache_identity
 from cluster.engine.fake_kv_events import KVEventPublisher, block_stored
-from cluster.engine.metrics import ITL_COUNT, ITL_SUM, KV_TRANSFERS, EngineStats, Readings
+from cluster.engine.metrics import EngineStats, Readings
 from cluster.protocol import EngineRequest, PrefillResult
 from router.hashing import BlockHasher, engine_hash_seed
 
-_SOURCE = "vllm:prompt_tokens_by_source_total"
 FIRST_TOKEN_ID = 5  # below: the tiny model's special tokens
 RECENT = 1000  # request ids kept per list in stats
 
@@ -244,7 +244,7 @@ class FakeEngine(Engine):
         if knobs.fail_prefill:
             raise RuntimeError(f"fake prefill of {request.request_id} failed (knob fail_prefill)")
         prompt = list(request.prompt_token_ids)
-        self._add((_SOURCE, "local_compute"), len(prompt))
+        self._add(vm.PROMPT_TOKENS_COMPUTED, len(prompt))
         self._cached(request)
         wanted = request.sampling.max_tokens or 1
         first = None
@@ -271,14 +271,14 @@ class FakeEngine(Engine):
         self._ids["seen"].append(rid)
         seq = list(request.prompt_token_ids)
         if kv_transfer_params and kv_transfer_params.get("do_remote_prefill") and not knobs.fail_pull:
-            self._add((_SOURCE, "external_kv_transfer"), len(seq))
-            self._add(KV_TRANSFERS)
-            self._add(("vllm:nixl_bytes_transferred_sum", None), 64.0 * len(seq))
+            self._add(vm.PROMPT_TOKENS_TRANSFERRED, len(seq))
+            self._add(vm.KV_TRANSFERS)
+            self._add(vm.KV_BYTES_TRANSFERRED, 64.0 * len(seq))
             self._ids["pulled"].append(rid)
         else:
             if kv_transfer_params:
-                self._add(("vllm:nixl_num_failed_transfers_total", None))
-            self._add((_SOURCE, "local_compute"), len(seq))
+                self._add(vm.KV_FAILED_TRANSFERS)
+            self._add(vm.PROMPT_TOKENS_COMPUTED, len(seq))
             self._ids["recomputed"].append(rid)
         self._cached(request)
         aborted = self._running.setdefault(rid, asyncio.Event())
@@ -301,16 +301,16 @@ class FakeEngine(Engine):
                 seq.append(token)
                 now = time.perf_counter()
                 if i == 0:
-                    self._add(("vllm:time_to_first_token_seconds_sum", None), now - started)
-                    self._add(("vllm:time_to_first_token_seconds_count", None))
+                    self._add(vm.TTFT_SUM, now - started)
+                    self._add(vm.TTFT_COUNT)
                 else:
-                    self._add(ITL_SUM, now - last)
-                    self._add(ITL_COUNT)
+                    self._add(vm.ITL_SUM, now - last)
+                    self._add(vm.ITL_COUNT)
                 last = now
-                self._add(("vllm:generation_tokens_total", None))
+                self._add(vm.GENERATION_TOKENS)
                 done = i == limit - 1
                 if done:
-                    self._add(("vllm:request_success_total", None))
+                    self._add(vm.REQUESTS_FINISHED)
                 yield self._output(rid, [token], "length" if done else None)
         finally:  # also when the caller closes the stream early (the client left)
             if not done and not aborted.is_set():
@@ -342,8 +342,8 @@ class FakeEngine(Engine):
     # -- counters --------------------------------------------------------------------------
 
     def _set_running(self) -> None:
-        self._values[("vllm:num_requests_running", None)] = float(len(self._running))
-        self._values[("vllm:kv_cache_usage_perc", None)] = len(self._running) / max(self.spec.engine.max_num_seqs, 1)
+        self._values[vm.REQUESTS_RUNNING] = float(len(self._running))
+        self._values[vm.KV_CACHE_USAGE] = len(self._running) / max(self.spec.engine.max_num_seqs, 1)
 
     def metrics(self) -> Readings:
         return dict(self._values)

@@ -24,6 +24,7 @@ import threading
 from dataclasses import dataclass
 from typing import Callable, Optional
 
+from cluster import vllm_metrics as vm  # the vLLM metric names, one table
 from cluster.metrics import Counter, Gauge
 
 log = logging.getLogger(__name__)
@@ -32,12 +33,8 @@ Readings = dict[tuple[str, Optional[str]], float]
 MetricsReader = Callable[[], Readings]
 LABELS = ("tier", "pool", "replica")
 
-# vLLM's token gaps (a histogram): the routing stats' step cost and the ITL autoscaling signal.
-ITL_SUM = ("vllm:inter_token_latency_seconds_sum", None)
-ITL_COUNT = ("vllm:inter_token_latency_seconds_count", None)
-# One definition of a KV transfer: a completed NIXL transfer, counted by the transfer-time
-# histogram (whose sum is kv_transfer_seconds), in EngineStats and in the exporter alike.
-KV_TRANSFERS = ("vllm:nixl_xfer_time_seconds_count", None)
+# vLLM's token gaps (a histogram): the routing stats' step cost (replica.py imports them here).
+ITL_SUM, ITL_COUNT = vm.ITL_SUM, vm.ITL_COUNT
 
 
 @dataclass(frozen=True)
@@ -68,7 +65,7 @@ def read_vllm_metrics() -> Readings:
 
     totals: Readings = {}
     for family in REGISTRY.collect():
-        if not family.name.startswith("vllm:"):
+        if not family.name.startswith(vm.PREFIX):
             continue
         for sample in family.samples:
             key = (sample.name, sample.labels.get("source"))
@@ -79,40 +76,40 @@ def read_vllm_metrics() -> Readings:
 def engine_stats(worker_id: str, values: Readings) -> EngineStats:
     return EngineStats(
         worker_id=worker_id,
-        prompt_tokens_computed=values.get(("vllm:prompt_tokens_by_source_total", "local_compute"), 0.0),
-        prompt_tokens_cached=values.get(("vllm:prompt_tokens_by_source_total", "local_cache_hit"), 0.0),
-        prompt_tokens_transferred=values.get(("vllm:prompt_tokens_by_source_total", "external_kv_transfer"), 0.0),
-        kv_bytes_transferred=values.get(("vllm:nixl_bytes_transferred_sum", None), 0.0),
-        kv_transfers=values.get(KV_TRANSFERS, 0.0),
-        kv_failed_transfers=values.get(("vllm:nixl_num_failed_transfers_total", None), 0.0),
-        requests_running=values.get(("vllm:num_requests_running", None), 0.0),
-        requests_waiting=values.get(("vllm:num_requests_waiting", None), 0.0),
-        kv_cache_usage=values.get(("vllm:kv_cache_usage_perc", None), 0.0),
-        kv_transfer_seconds=values.get(("vllm:nixl_xfer_time_seconds_sum", None), 0.0),
+        prompt_tokens_computed=values.get(vm.PROMPT_TOKENS_COMPUTED, 0.0),
+        prompt_tokens_cached=values.get(vm.PROMPT_TOKENS_CACHED, 0.0),
+        prompt_tokens_transferred=values.get(vm.PROMPT_TOKENS_TRANSFERRED, 0.0),
+        kv_bytes_transferred=values.get(vm.KV_BYTES_TRANSFERRED, 0.0),
+        kv_transfers=values.get(vm.KV_TRANSFERS, 0.0),
+        kv_failed_transfers=values.get(vm.KV_FAILED_TRANSFERS, 0.0),
+        requests_running=values.get(vm.REQUESTS_RUNNING, 0.0),
+        requests_waiting=values.get(vm.REQUESTS_WAITING, 0.0),
+        kv_cache_usage=values.get(vm.KV_CACHE_USAGE, 0.0),
+        kv_transfer_seconds=values.get(vm.KV_TRANSFER_SECONDS, 0.0),
     )
 
 # tandem gauge ← vLLM sample (name, source label)
 GAUGES: dict[str, tuple[str, Optional[str]]] = {
-    "tandem_engine_requests_running": ("vllm:num_requests_running", None),
-    "tandem_engine_requests_waiting": ("vllm:num_requests_waiting", None),
-    "tandem_engine_kv_cache_usage": ("vllm:kv_cache_usage_perc", None),
+    "tandem_engine_requests_running": vm.REQUESTS_RUNNING,
+    "tandem_engine_requests_waiting": vm.REQUESTS_WAITING,
+    "tandem_engine_kv_cache_usage": vm.KV_CACHE_USAGE,
 }
 # tandem counter ← vLLM cumulative sample
 COUNTERS: dict[str, tuple[str, Optional[str]]] = {
-    "tandem_engine_generation_tokens": ("vllm:generation_tokens_total", None),
-    "tandem_engine_prompt_tokens_computed": ("vllm:prompt_tokens_by_source_total", "local_compute"),
-    "tandem_engine_prompt_tokens_cached": ("vllm:prompt_tokens_by_source_total", "local_cache_hit"),
-    "tandem_engine_prompt_tokens_transferred": ("vllm:prompt_tokens_by_source_total", "external_kv_transfer"),
-    "tandem_engine_prefix_cache_queries": ("vllm:prefix_cache_queries_total", None),
-    "tandem_engine_prefix_cache_hits": ("vllm:prefix_cache_hits_total", None),
-    "tandem_engine_scheduled_tokens": ("vllm:iteration_tokens_total_sum", None),
-    "tandem_engine_steps": ("vllm:iteration_tokens_total_count", None),
-    "tandem_engine_preemptions": ("vllm:num_preemptions_total", None),
-    "tandem_engine_requests_finished": ("vllm:request_success_total", None),
-    "tandem_engine_kv_transfer_bytes": ("vllm:nixl_bytes_transferred_sum", None),
-    "tandem_engine_kv_transfers": KV_TRANSFERS,
-    "tandem_engine_kv_transfer_seconds": ("vllm:nixl_xfer_time_seconds_sum", None),
-    "tandem_engine_kv_transfer_failures": ("vllm:nixl_num_failed_transfers_total", None),
+    "tandem_engine_generation_tokens": vm.GENERATION_TOKENS,
+    "tandem_engine_prompt_tokens_computed": vm.PROMPT_TOKENS_COMPUTED,
+    "tandem_engine_prompt_tokens_cached": vm.PROMPT_TOKENS_CACHED,
+    "tandem_engine_prompt_tokens_transferred": vm.PROMPT_TOKENS_TRANSFERRED,
+    "tandem_engine_prefix_cache_queries": vm.PREFIX_CACHE_QUERIES,
+    "tandem_engine_prefix_cache_hits": vm.PREFIX_CACHE_HITS,
+    "tandem_engine_scheduled_tokens": vm.SCHEDULED_TOKENS,
+    "tandem_engine_steps": vm.STEPS,
+    "tandem_engine_preemptions": vm.PREEMPTIONS,
+    "tandem_engine_requests_finished": vm.REQUESTS_FINISHED,
+    "tandem_engine_kv_transfer_bytes": vm.KV_BYTES_TRANSFERRED,
+    "tandem_engine_kv_transfers": vm.KV_TRANSFERS,
+    "tandem_engine_kv_transfer_seconds": vm.KV_TRANSFER_SECONDS,
+    "tandem_engine_kv_transfer_failures": vm.KV_FAILED_TRANSFERS,
 }
 _DOCS = {
     "tandem_engine_requests_running": "Sequences in the engine's running batch (decode: the batch size).",

@@ -17,9 +17,10 @@ from __future__ import annotations
 import random
 from typing import Any, List, Optional
 
-from ray.serve._private.request_router.common import PendingRequest
-from ray.serve._private.request_router.replica_wrapper import RunningReplica
-from ray.serve._private.request_router.request_router import RequestRouter
+# Serve's public request-router surface (Ray 2.60). Two private members of RequestRouter are
+# still read below, `_deployment_id` and `_replica_queue_len_cache`, as Serve's own routers
+# do (UPSTREAM.md; tests/unit/test_upstream_seams.py checks both).
+from ray.serve.request_router import PendingRequest, RequestRouter, RunningReplica
 
 from cluster.types import RoutingStats
 from router.routing.directory import PoolDirectory, ReplicaInfo, directory_of

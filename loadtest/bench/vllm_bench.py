@@ -13,7 +13,7 @@ Side by side, as a user compares (issue 28's table): `tandem run --config FILE` 
 vLLM server shaped as its default tier's prefill engine, started here, every cell on both:
 
     python -m loadtest.bench.vllm_bench --config cluster/configs/local.yaml \
-        --cells 1x256/64,8x256/64,32x256/64,8x1500/64 --out loadtest/bench/results/vllm_bench.json
+        --cells 1x256/64:16,8x256/64,32x256/64:64,8x1500/64:24 --out loadtest/bench/results/vllm_bench.json
 """
 
 from __future__ import annotations
@@ -81,19 +81,21 @@ def summary(result: Mapping[str, Any]) -> dict[str, Any]:
     return {k: result.get(k) for k in keys}
 
 
-_CELL = re.compile(r"^(\d+)x(\d+)/(\d+)$")
+_CELL = re.compile(r"^(\d+)x(\d+)/(\d+)(?::(\d+))?$")
 DIRECT_PORT = 8100
 
 
 def parse_cells(text: str, prompts: int) -> list[Workload]:
-    """"8x256/64,32x256/64": concurrency x input tokens / output tokens, `prompts` each."""
+    """"8x256/64,1x256/64:16": concurrency x input tokens / output tokens, `prompts` each unless
+    a cell names its own count after a colon."""
     cells = []
     for part in text.split(","):
         match = _CELL.match(part.strip())
         if not match:
-            raise ValueError(f"a cell is CONCURRENCYxINPUT/OUTPUT (like 8x256/64), not {part!r}")
-        conc, input_len, output_len = map(int, match.groups())
-        cells.append(Workload(prompts=prompts, input_len=input_len, output_len=output_len, concurrency=conc))
+            raise ValueError(f"a cell is CONCURRENCYxINPUT/OUTPUT[:PROMPTS] (like 8x256/64), not {part!r}")
+        conc, input_len, output_len = map(int, match.groups()[:3])
+        count = int(match.group(4)) if match.group(4) else prompts
+        cells.append(Workload(prompts=count, input_len=input_len, output_len=output_len, concurrency=conc))
     return cells
 
 
@@ -149,7 +151,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--model", help="the served model name (with --url)")
     parser.add_argument("--tokenizer", type=Path, help="the model's local folder (with --url)")
     parser.add_argument("--cells", default="1x256/64,8x256/64,32x256/64",
-                        help="with --config: CONCURRENCYxINPUT/OUTPUT, comma-separated")
+                        help="with --config: CONCURRENCYxINPUT/OUTPUT[:PROMPTS], comma-separated")
     parser.add_argument("--prompts", type=int, default=Workload.prompts)
     parser.add_argument("--input-len", type=int, default=Workload.input_len)
     parser.add_argument("--output-len", type=int, default=Workload.output_len)

@@ -10,13 +10,13 @@ from loadtest.bench.vllm_bench import Workload
 
 
 def test_cells_parse_as_concurrency_input_and_output() -> None:
-    assert vllm_bench.parse_cells("1x256/64, 32x1500/16", prompts=12) == [
+    assert vllm_bench.parse_cells("1x256/64, 32x1500/16:40", prompts=12) == [
         Workload(prompts=12, input_len=256, output_len=64, concurrency=1),
-        Workload(prompts=12, input_len=1500, output_len=16, concurrency=32)]
+        Workload(prompts=40, input_len=1500, output_len=16, concurrency=32)]
 
 
 def test_a_malformed_cell_names_the_expected_shape() -> None:
-    with pytest.raises(ValueError, match=r"CONCURRENCYxINPUT/OUTPUT.*'8x256'"):
+    with pytest.raises(ValueError, match=r"CONCURRENCYxINPUT/OUTPUT\[:PROMPTS\].*'8x256'"):
         vllm_bench.parse_cells("8x256", prompts=4)
 
 

@@ -226,6 +226,13 @@ class RunLog:
                 self._file.writelines(line + "\n" for line in lines)
 
     def on_worker_output(self, batch: Mapping[str, Any]) -> None:
+        if batch.get("pid") == "autoscaler":
+            # The autoscaler's whole log comes through here (a status dump every few seconds);
+            # Ray prints only its events, and so does this file. Ray's filter asks the GCS which
+            # autoscaler runs, so it is called here, with Ray up, not in worker_lines.
+            from ray._private.worker import filter_autoscaler_events
+
+            batch = {**batch, "lines": list(filter_autoscaler_events(batch.get("lines", [])))}
         lines = worker_lines(batch)
         self.write(lines)
         for line in lines:

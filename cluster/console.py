@@ -13,6 +13,7 @@ small stateful part that holds the file and hooks Ray's forwarding.
 
 from __future__ import annotations
 
+import ast
 import logging
 import re
 import shlex
@@ -82,12 +83,29 @@ def actionable(message: str) -> Optional[str]:
     latter, the retry count and the exception's last line (its type and text; the traceback is
     in the run log)."""
     if "to be scheduled" in message:
-        return " ".join(message.split())
+        return " ".join(message.split()) if _short_of_resources(message) else None
     if "failed to start" in message:
         head = message.split("Error:", 1)[0].strip()
         lines = [line.strip() for line in message.splitlines() if line.strip()]
         return f"{head} {lines[-1]}" if len(lines) > 1 else head
     return None
+
+
+_RESOURCES = re.compile(r"Resources required for each replica: (\{.*?\}), total resources available: (\{.*?\})")
+
+
+def _short_of_resources(message: str) -> bool:
+    """Whether Serve's "taken more than 30s to be scheduled" means the cluster lacks what a replica
+    needs. A replica needing nothing the cluster lacks (the gateway needs {}) is only waiting for
+    its worker process, slow while engines load on the same cores; unparsable: say it."""
+    match = _RESOURCES.search(message)
+    if not match:
+        return True
+    try:
+        required, available = (ast.literal_eval(group) for group in match.groups())
+        return any(float(available.get(name, 0)) < float(amount) for name, amount in required.items())
+    except (ValueError, SyntaxError, TypeError, AttributeError):
+        return True
 
 
 def _state(value: Any) -> str:

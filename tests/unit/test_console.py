@@ -156,6 +156,14 @@ def test_only_what_a_person_can_act_on_in_a_deployments_message():
                            "be scheduled. Resources required for each replica: {'CPU': 1.0}, total resources "
                            "available: {}. Use `ray status` for more details.")
     assert scheduled is not None and "{'CPU': 1.0}" in scheduled and "\n" not in scheduled
+    # The gateway needs no resources: late only because its worker starts while engines load.
+    assert actionable("Deployment 'Gateway' in application 'tandem' has 1 replicas that have taken more than 30s "
+                      "to be scheduled. This may be due to waiting for the cluster to auto-scale or for a runtime "
+                      "environment to be installed. Resources required for each replica: {}, total resources "
+                      "available: {}. Use `ray status` for more details.") is None
+    assert actionable("Deployment 'x' in application 'tandem' has 1 replicas that have taken more than 30s to "
+                      "be scheduled. Resources required for each replica: {'CPU': 1.0}, total resources "
+                      "available: {'CPU': 2.0}. Use `ray status` for more details.") is None
     assert actionable("A replica failed to start with exception. Retrying 1 more time(s). Error:\n"
                       "ray::ServeReplica.initialize()\n  File \"a.py\", line 3\nValueError: no such model") == (
         "A replica failed to start with exception. Retrying 1 more time(s). ValueError: no such model")

@@ -78,7 +78,10 @@ def summary(result: Mapping[str, Any]) -> dict[str, Any]:
     """The figures a side-by-side table needs."""
     keys = ("completed", "failed", "duration", "request_throughput", "output_throughput", "mean_ttft_ms",
             "median_ttft_ms", "p99_ttft_ms", "mean_tpot_ms", "median_itl_ms", "p99_itl_ms")
-    return {k: result.get(k) for k in keys}
+    out = {k: result.get(k) for k in keys}
+    # Why each failed request failed (vLLM keeps a traceback or the HTTP reason): its last line.
+    out["errors"] = [error.strip().splitlines()[-1][:300] for error in result.get("errors") or [] if error and error.strip()]
+    return out
 
 
 _CELL = re.compile(r"^(\d+)x(\d+)/(\d+)(?::(\d+))?$")

@@ -37,3 +37,10 @@ def test_the_table_has_a_line_per_cell_and_system_with_completed_of_sent() -> No
     assert len(lines) == 4
     assert lines[2] == "| c8 256/64 | tandem | 40/48 | 8 | 1234 | 3000 | 55.5 | 40.0 |"
     assert "| vllm | 48/48 | 0 |" in lines[3]
+
+
+def test_the_summary_keeps_why_each_failed_request_failed() -> None:
+    result = {"completed": 2, "failed": 1, "errors": ["", "Traceback (most recent call last):\n  ...\n"
+                                                          "aiohttp.ServerDisconnectedError: Server disconnected\n", ""]}
+    assert vllm_bench.summary(result)["errors"] == ["aiohttp.ServerDisconnectedError: Server disconnected"]
+    assert vllm_bench.summary({"completed": 1, "failed": 0})["errors"] == []

@@ -143,4 +143,8 @@ def test_settings_mean_what_vllm_serve_config_makes_of_them(tmp_path, settings):
     path.write_text(yaml.safe_dump(settings))
     vllm_serve = vars(_parser().parse_args(_parser().load_config_file(str(path))))
     assert parse(settings) == {key: vllm_serve[key] for key in settings}
-    assert cli_args({"enforce_eager": False, "max_num_seqs": 4}) == ["--no-enforce-eager", "--max-num-seqs", "4"]
+
+
+def test_cli_args_are_vllm_flags():
+    assert cli_args({"enforce_eager": False, "max_num_seqs": 4, "speculative_config": {"method": "ngram"}}) == [
+        "--no-enforce-eager", "--max-num-seqs", "4", "--speculative-config", '{"method": "ngram"}']

@@ -6,7 +6,7 @@
     tandem logs [-f]                  the newest run's log file (-f: follow it): requests, engines, Ray, Serve
     tandem prepare-model [--dest D]   convert the default model (SmolLM2-135M-Instruct) once
     tandem tiny-model DEST            generate the tiny test model
-    tandem check-config FILE          validate a cluster YAML and print it resolved
+    tandem check-config FILE          validate a cluster YAML (engine arguments by vLLM) and print it resolved
     tandem doctor [--config FILE]     what this host has (CPU, GPUs, CUDA, NIXL, Ray, vLLM) and what tandem will use
     tandem grafana-push --url URL     upload the dashboards to Grafana (token: --token or GRAFANA_TOKEN)
     tandem --version                  tandem's version, and vLLM's and Ray's
@@ -169,9 +169,13 @@ def cmd_tiny_model(args: argparse.Namespace) -> int:
 
 def cmd_check_config(args: argparse.Namespace) -> int:
     from cluster.config import ClusterConfig, ConfigError
+    from cluster.engine import engine_args
 
     try:
-        print(ClusterConfig.load_checked(args.config).model_dump_json(indent=2))
+        cfg = ClusterConfig.load_checked(args.config)
+        # Every pool's engine arguments through vLLM's own parser, as the engines will read them.
+        engine_args.check(cfg, args.config)
+        print(cfg.model_dump_json(indent=2))
     except ConfigError as exc:
         print(exc, file=sys.stderr)
         return 2

@@ -5,23 +5,23 @@ never re-checks them. Relative paths in the YAML resolve against the YAML file's
 config works from any working directory.
 
 The package's modules, by subject (import from `cluster.config`, this facade):
-- base.py: sizes ("256MiB"), Hub ids, ConfigError, the strict frozen base model;
+- base.py: sizes as vLLM reads them ("256M", "4G"), Hub ids, ConfigError, the strict frozen base model;
 - pools.py: the model, the engines and the pools of each tier (placement, autoscaling, SLOs,
   admission);
 - services.py: KV transfer, the gateway's edge, routing and its index, auth, Ray;
 - cluster_config.py: ClusterConfig (cross-field checks), loading a YAML, error messages.
 """
 
-from cluster.config.base import MiB, SIZE_PATTERN, ByteSize, ConfigError, is_hub_id, parse_size
+from cluster.config.base import MiB, SIZE_PATTERN, HumanInt, ConfigError, is_hub_id, parse_size
 from cluster.config.cluster_config import ClusterConfig, explain
 from cluster.config.pools import (AdmissionConfig, AutoscalingConfig, EngineConfig, ModelConfig, PlacementConfig,
-                                  PoolConfig, SLOConfig, SpeculativeConfig, TierConfig)
+                                  PoolConfig, SLOConfig, TierConfig)
 from cluster.config.services import (ApiKeySource, AuthConfig, GatewayConfig, KVTransferConfig, RateLimitConfig,
                                      RayConfig, RedisTLSConfig, RoutingConfig, RoutingIndexConfig, TenantConfig)
 
 __all__ = [
-    "AdmissionConfig", "ApiKeySource", "AuthConfig", "AutoscalingConfig", "ByteSize", "ClusterConfig", "ConfigError",
+    "AdmissionConfig", "ApiKeySource", "AuthConfig", "AutoscalingConfig", "HumanInt", "ClusterConfig", "ConfigError",
     "EngineConfig", "GatewayConfig", "KVTransferConfig", "MiB", "ModelConfig", "PlacementConfig", "PoolConfig",
     "RateLimitConfig", "RayConfig", "RedisTLSConfig", "RoutingConfig", "RoutingIndexConfig", "SIZE_PATTERN",
-    "SLOConfig", "SpeculativeConfig", "TenantConfig", "TierConfig", "explain", "is_hub_id", "parse_size",
+    "SLOConfig", "TenantConfig", "TierConfig", "explain", "is_hub_id", "parse_size",
 ]

@@ -123,8 +123,8 @@ def explain(exc: ValidationError, source: str | Path) -> str:
 
 def _check_engine_for_pool(where: str, role: str, pool: "PoolConfig") -> None:
     eng = pool.engine
-    if role == "prefill" and eng.speculative is not None:
-        raise ValueError(f"{where}.engine.speculative: prefill computes one token per request; "
+    if role == "prefill" and eng.speculative_config is not None:
+        raise ValueError(f"{where}.engine.speculative_config: prefill computes one token per request; "
                          "speculative decoding belongs on the decode pool")
     if eng.tensor_parallel_size > 1 and 0 < pool.num_gpus < eng.tensor_parallel_size:
         raise ValueError(f"{where}.engine.tensor_parallel_size ({eng.tensor_parallel_size}) needs "

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal, Optional
+from typing import Any, Literal, Optional
 
-from pydantic import Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from cluster.config.base import ByteSize, MiB, _Strict, is_hub_id
+from cluster.config.base import HumanInt, MiB, _Strict, is_hub_id
 
 
 class ModelConfig(_Strict):
@@ -37,43 +37,51 @@ class ModelConfig(_Strict):
         return self.name or self.hub_id or self.path.name
 
 
-class SpeculativeConfig(_Strict):
-    """Speculative decoding of a decode pool. `ngram` (prompt lookup) needs no draft model:
-    it proposes the tokens that followed the last n-gram where it occurred before."""
+# vLLM engine arguments tandem sets itself, and where a user sets them instead: every pool must
+# agree on them (a KV handoff needs both sides alike), or tandem's own machinery needs them so.
+SET_BY_TANDEM = {
+    "model": "model.path",
+    "served_model_name": "model.name",
+    "dtype": "model.dtype",
+    "max_model_len": "model.max_model_len",
+    "reasoning_parser": "model.reasoning_parser",
+    "kv_transfer_config": "kv_transfer (tandem configures NIXL between the pools)",
+    "kv_events_config": "routing.kv_events (tandem binds the KV-event sockets itself)",
+    "disable_log_stats": "nothing: tandem reads the engine's stats for routing and autoscaling",
+    "data_parallel_size": "the pool's replicas (each replica is one engine)",
+}
+# engine: keys that are tandem's, not vLLM's (vLLM has no name for them).
+TANDEM_ENGINE_KEYS = frozenset({"cpu_niceness"})
 
-    method: Literal["ngram"] = "ngram"
-    num_speculative_tokens: int = Field(3, ge=1, le=16)
-    prompt_lookup_min: int = Field(1, ge=1)
-    prompt_lookup_max: int = Field(3, ge=1)
 
-    @model_validator(mode="after")
-    def _check_window(self) -> "SpeculativeConfig":
-        if self.prompt_lookup_min > self.prompt_lookup_max:
-            raise ValueError(f"speculative.prompt_lookup_min ({self.prompt_lookup_min}) must be <= "
-                             f"speculative.prompt_lookup_max ({self.prompt_lookup_max})")
-        return self
+class EngineConfig(BaseModel):
+    """The vLLM engine of one pool: any vLLM engine argument under its vLLM name (EngineArgs; the
+    `vllm serve` flag with `_` for `-`), plus tandem's own keys (TANDEM_ENGINE_KEYS). Declared
+    below are only the vLLM arguments tandem reads itself or defaults differently from vLLM; the
+    rest pass through as written. Values are read by vLLM's own parser, as `vllm serve --config`
+    reads a YAML, at `tandem check-config` and at engine start (cluster/engine/engine_args.py),
+    which is also where a name vLLM does not know is refused. null: vLLM's default."""
 
+    model_config = ConfigDict(extra="allow", frozen=True)
 
-class EngineConfig(_Strict):
-    """vLLM engine settings of one pool. The KV cache size is always explicit: vLLM on CPU
-    otherwise claims a large share of RAM."""
-
-    kv_cache_bytes: ByteSize = Field(256 * MiB, ge=16 * MiB)
-    kv_cache_dtype: Literal["auto", "fp8", "fp8_e4m3", "fp8_e5m2", "bfloat16"] = "auto"
-    max_num_seqs: int = Field(32, ge=1)
-    max_num_batched_tokens: Optional[int] = Field(None, ge=16)
+    # Always explicit by default: vLLM on CPU otherwise claims a large share of RAM. null sizes
+    # the cache by gpu_memory_utilization (GPU).
+    kv_cache_memory_bytes: Optional[HumanInt] = Field(256 * MiB, ge=16 * MiB)
+    kv_cache_dtype: str = Field("auto", description="Part of the KV handoff's identity: prefill and decode must agree.")
+    max_num_seqs: int = Field(32, ge=1, description="Also the base of autoscaling targets and Serve's request bound.")
+    max_num_batched_tokens: Optional[HumanInt] = Field(None, ge=16, description="Also the router's token budget.")
     # None: vLLM's default. True lets max_num_batched_tokens be below model.max_model_len.
     enable_chunked_prefill: Optional[bool] = None
-    enable_prefix_caching: bool = True
-    enforce_eager: bool = True
+    enable_prefix_caching: bool = Field(True, description="The KV-aware router follows the prefix cache.")
+    enforce_eager: bool = Field(True, description="tandem's default, not vLLM's: a CPU engine starts in ~20 s, "
+                                                  "not 40-90 s.")
     block_size: Optional[int] = Field(None, ge=1)
-    quantization: Optional[str] = Field(None, description="vLLM method (fp8, awq, gptq, ...); None: as the checkpoint says.")
     tensor_parallel_size: int = Field(1, ge=1)
-    speculative: Optional[SpeculativeConfig] = None
-    # Structured output (response_format, regex, choice, tool_choice=required): vLLM's
-    # backend, and compact JSON without free whitespace (xgrammar/guidance only).
-    structured_outputs_backend: Literal["auto", "xgrammar", "guidance", "outlines"] = "auto"
-    json_disable_whitespace: bool = False
+    # e.g. {method: ngram, num_speculative_tokens: 3, prompt_lookup_max: 3}; decode pools only.
+    speculative_config: Optional[dict[str, Any]] = None
+    # e.g. {backend: xgrammar, disable_any_whitespace: true}; the gateway checks requests against it.
+    structured_outputs_config: dict[str, Any] = {}
+
     # CPU hosts: the niceness of vLLM's EngineCore and worker (cluster/vllm_plugin.py). Above 0
     # the gateway and Serve's proxy, on every token's path and sharing the cores, run first:
     # smoother streams at low load, a slower engine under load (loadtest/bench/RESULTS.md 7).
@@ -81,13 +89,24 @@ class EngineConfig(_Strict):
 
     @model_validator(mode="after")
     def _check_combinations(self) -> "EngineConfig":
-        if self.json_disable_whitespace and self.structured_outputs_backend not in ("xgrammar", "guidance"):
-            raise ValueError("json_disable_whitespace needs structured_outputs_backend xgrammar or guidance "
-                             f"(got {self.structured_outputs_backend!r})")
+        extra = self.model_extra or {}
+        for key in extra:
+            if key in SET_BY_TANDEM:
+                raise ValueError(f"{key} is set by tandem for every pool: set {SET_BY_TANDEM[key]} instead")
+        if self.kv_cache_memory_bytes is not None and extra.get("gpu_memory_utilization") is not None:
+            # vLLM ignores gpu_memory_utilization while kv_cache_memory_bytes is set, without a word.
+            raise ValueError(f"vLLM ignores gpu_memory_utilization while kv_cache_memory_bytes is set (here "
+                             f"{self.kv_cache_memory_bytes}; tandem's default is {256 * MiB}): set "
+                             "kv_cache_memory_bytes: null to size the KV cache by gpu_memory_utilization, or drop "
+                             "gpu_memory_utilization")
         if self.enable_chunked_prefill is False and self.max_num_batched_tokens is None:
             raise ValueError("enable_chunked_prefill false needs an explicit max_num_batched_tokens "
                              "(>= model.max_model_len)")
         return self
+
+    def vllm_args(self) -> dict[str, Any]:
+        """The pool's vLLM engine arguments as written (vLLM names), unset ones (None) left out."""
+        return {k: v for k, v in self.model_dump().items() if k not in TANDEM_ENGINE_KEYS and v is not None}
 
 
 class PlacementConfig(_Strict):

@@ -9,7 +9,7 @@ from urllib.parse import urlsplit
 
 from pydantic import Field, SecretStr, model_validator
 
-from cluster.config.base import ByteSize, MiB, _Strict
+from cluster.config.base import HumanInt, MiB, _Strict
 
 
 class KVTransferConfig(_Strict):
@@ -66,7 +66,7 @@ class GatewayConfig(_Strict):
                                                "the port (SO_REUSEPORT). Each holds its own admission places, "
                                                "load ledger and (unless auth.rate_limit_store is redis) rate "
                                                "limits: the tier's limits apply per replica.")
-    max_body_bytes: ByteSize = Field(4 * MiB, ge=1024)
+    max_body_bytes: HumanInt = Field(4 * MiB, ge=1024)
     body_read_timeout_s: float = Field(10.0, gt=0, description="A request body not received within this is a 408: "
                                                                "a slow sender must not hold a gateway slot.")
     health_interval_s: float = Field(1.0, ge=0, description="/health probes the engines at most once per interval, "

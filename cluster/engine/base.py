@@ -77,6 +77,7 @@ class EngineSpec:
     # locally, the pod IP on Kubernetes); None: no events.
     kv_events_host: Optional[str] = None
     reasoning_parser: Optional[str] = None  # model.reasoning_parser: structured outputs start after reasoning
+    config_key: str = "engine"  # where `engine` sits in the YAML (tiers.<tier>.<pool>.engine): errors name it
 
 
 @dataclass(frozen=True)

@@ -88,6 +88,7 @@ def build_engine_spec(cfg: ClusterConfig, tier: str, role: KVRole) -> EngineSpec
         worker_id=PoolId(tier, pool_name).worker_id(replica_id),
         kv_events_host=host if cfg.routing.kv_events and pool.engine.enable_prefix_caching else None,
         reasoning_parser=cfg.model.reasoning_parser,
+        config_key=f"tiers.{tier}.{pool_name}.engine",
     )
 
 

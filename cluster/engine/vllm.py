@@ -16,6 +16,7 @@ from typing import Any, AsyncIterator, Optional
 
 from cluster.config import EngineConfig
 from cluster.engine.base import CacheLayout, Engine, EngineInfo, EngineSpec, KVEventsEndpoint, cache_identity
+from cluster.engine.engine_args import parse as parse_engine_args
 from cluster.engine.metrics import Readings, read_vllm_metrics
 from cluster.protocol import EngineRequest, InvalidEngineRequest, PrefillResult, merge_outputs, sampling_params
 from kv_transfer.handoff import prefill_request_params
@@ -57,28 +58,31 @@ def engine_environment(spec: EngineSpec) -> dict[str, str]:
 
 
 def structured_outputs_config(eng: EngineConfig, reasoning_parser: Optional[str] = None) -> dict[str, Any]:
-    """vLLM's StructuredOutputsConfig of a pool; the gateway checks requests against the same."""
-    config: dict[str, Any] = {"backend": eng.structured_outputs_backend,
-                              "disable_any_whitespace": eng.json_disable_whitespace}
+    """vLLM's StructuredOutputsConfig of a pool, as a mapping; the gateway checks requests against it."""
+    config = dict(eng.structured_outputs_config)
     if reasoning_parser:
         config["reasoning_parser"] = reasoning_parser
     return config
 
 
-def engine_levers(eng: EngineConfig, reasoning_parser: Optional[str] = None) -> dict[str, Any]:
-    """The optional vLLM engine arguments of a pool; only those set, so vLLM keeps its defaults."""
-    args: dict[str, Any] = {
-        "kv_cache_dtype": eng.kv_cache_dtype,
-        "tensor_parallel_size": eng.tensor_parallel_size,
-        "structured_outputs_config": structured_outputs_config(eng, reasoning_parser),
-    }
-    if eng.enable_chunked_prefill is not None:
-        args["enable_chunked_prefill"] = eng.enable_chunked_prefill
-    if eng.quantization is not None:
-        args["quantization"] = eng.quantization
-    if eng.speculative is not None:
-        args["speculative_config"] = eng.speculative.model_dump()
-    return args
+def engine_args(spec: EngineSpec) -> Any:
+    """The AsyncEngineArgs the engine is built with: the pool's vLLM arguments as vLLM's own
+    parser reads them (engine_args.py, the one pass-through), and those tandem sets for every
+    pool (SET_BY_TANDEM in cluster/config/pools.py)."""
+    from vllm.engine.arg_utils import AsyncEngineArgs
+
+    return AsyncEngineArgs(
+        **parse_engine_args(spec.engine.vllm_args(), spec.config_key),
+        model=str(spec.model_path),
+        served_model_name=[spec.served_name],
+        dtype=spec.dtype,
+        max_model_len=spec.max_model_len,
+        # vLLM hands it on to the structured-output config, as `vllm serve --reasoning-parser`.
+        reasoning_parser=spec.reasoning_parser or "",
+        kv_transfer_config=kv_transfer_config(spec.kv, spec.kv_role, spec.on_gpu) if spec.kv_role else None,
+        disable_log_stats=False,
+        kv_events_config=_kv_events_config(spec.kv_events_host),
+    )
 
 
 def _sampling_params(request: EngineRequest, *, max_tokens: int, kv_params: Optional[dict[str, Any]],
@@ -127,32 +131,9 @@ class VLLMEngine(Engine):
     def start(self) -> EngineInfo:
         spec = self.spec
         os.environ.update(engine_environment(spec))
-        from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.v1.engine.async_llm import AsyncLLM
 
-        eng = spec.engine
-        levers = engine_levers(eng, spec.reasoning_parser)
-        from vllm.config import StructuredOutputsConfig
-
-        levers["structured_outputs_config"] = StructuredOutputsConfig(**levers["structured_outputs_config"])
-        args = AsyncEngineArgs(
-            model=str(spec.model_path),
-            served_model_name=[spec.served_name],
-            dtype=spec.dtype,
-            max_model_len=spec.max_model_len,
-            kv_cache_memory_bytes=eng.kv_cache_bytes,
-            max_num_seqs=eng.max_num_seqs,
-            max_num_batched_tokens=eng.max_num_batched_tokens,
-            enable_prefix_caching=eng.enable_prefix_caching,
-            enforce_eager=eng.enforce_eager,
-            block_size=eng.block_size,
-            **levers,
-            kv_transfer_config=(
-                kv_transfer_config(spec.kv, spec.kv_role, spec.on_gpu) if spec.kv_role else None
-            ),
-            disable_log_stats=False,
-            kv_events_config=_kv_events_config(spec.kv_events_host),
-        )
+        args = engine_args(spec)
         log.info("starting vLLM engine %s (%s) with %s", spec.worker_id, spec.kv_role, spec.model_path)
         self._llm = AsyncLLM.from_engine_args(args)
         try:

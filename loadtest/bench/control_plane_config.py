@@ -113,7 +113,7 @@ def base_config(model_dir: Path, gateway_port: int, metrics_port: int, max_strea
     stream everywhere, so what bounds the rate is the relay, not admission or Serve's queues:
     a pool's max_ongoing_requests is 2 x max_num_seqs (cluster/app.py)."""
     room = max(1024, 2 * max_streams)
-    engine = {"kv_cache_bytes": 16 << 20, "max_num_seqs": room // 2, "block_size": 16}
+    engine = {"kv_cache_memory_bytes": 16 << 20, "max_num_seqs": room // 2, "block_size": 16}
     pool = {"replicas": 1, "num_cpus": 0, "engine": engine}
     return {
         "model": {"path": str(model_dir), "name": MODEL_NAME, "dtype": "float32", "max_model_len": max_model_len},

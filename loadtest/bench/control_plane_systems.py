@@ -155,7 +155,7 @@ class VllmServer:
                  port: int, progress: Progress):
         self.spec = DirectEngineSpec(
             model_path=model_dir, served_name=MODEL_NAME, dtype="float32", max_model_len=max_model_len,
-            kv_cache_bytes=kv_cache_bytes(model_dir, max_streams, tokens_per_seq), port=port, devices="0",
+            kv_cache_memory_bytes=kv_cache_bytes(model_dir, max_streams, tokens_per_seq), port=port, devices="0",
             max_num_seqs=max_streams, max_num_batched_tokens=max(max_model_len, max_streams))
         self.engines = DirectEngines([self.spec], progress=progress)
 
@@ -163,7 +163,7 @@ class VllmServer:
         self.engines.__enter__()
         spec = self.spec
         facts = {"kind": "vllm", "command": " ".join(spec.command()), "engine_cores": spec.devices,
-                 "kv_cache_bytes": spec.kv_cache_bytes, "max_num_seqs": spec.max_num_seqs,
+                 "kv_cache_bytes": spec.kv_cache_memory_bytes, "max_num_seqs": spec.max_num_seqs,
                  "spawn_to_ready_s": round(self.engines.cold_start_s, 1)}
         return Running("vllm", spec.url, self.engines.procs[0].pid, VLLM_KINDS, None, facts)
 

@@ -50,7 +50,7 @@ class DirectEngineSpec:
     served_name: str
     dtype: str
     max_model_len: int
-    kv_cache_bytes: int
+    kv_cache_memory_bytes: int
     port: int
     devices: str  # CPU cores ("0", "0-1") or, with on_gpu, GPU ids ("0", "0,1")
     on_gpu: bool = False
@@ -68,7 +68,7 @@ class DirectEngineSpec:
         gpu = tier.prefill.num_gpus > 0
         return cls(model_path=cfg.model.path, served_name=cfg.model.served_name,
                    dtype=engine_dtype(cfg.model.dtype, gpu, cpu_flags()), max_model_len=cfg.model.max_model_len,
-                   kv_cache_bytes=tier.prefill.engine.kv_cache_bytes, port=port, on_gpu=gpu,
+                   kv_cache_memory_bytes=tier.prefill.engine.kv_cache_memory_bytes, port=port, on_gpu=gpu,
                    devices="0" if gpu else (tier.prefill.cpu_binding or ("0",))[0],
                    max_num_seqs=tier.prefill.engine.max_num_seqs,
                    max_num_batched_tokens=tier.prefill.engine.max_num_batched_tokens)
@@ -80,7 +80,7 @@ class DirectEngineSpec:
     def command(self) -> list[str]:
         cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(self.model_path),
                "--served-model-name", self.served_name, "--dtype", self.dtype,
-               "--max-model-len", str(self.max_model_len), "--kv-cache-memory-bytes", str(self.kv_cache_bytes),
+               "--max-model-len", str(self.max_model_len), "--kv-cache-memory-bytes", str(self.kv_cache_memory_bytes),
                "--host", "127.0.0.1", "--port", str(self.port), "--enforce-eager"]
         if self.max_num_seqs is not None:
             cmd += ["--max-num-seqs", str(self.max_num_seqs)]

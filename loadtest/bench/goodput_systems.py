@@ -84,7 +84,7 @@ def systems_of(names: list[str], colocated_sweep: list[int]) -> list[System]:
 
 def tandem_config(args, gpu: bool, system: System, objective: Objective) -> ClusterConfig:
     # Chunked prefill on, as in every baseline (vLLM's default): the budget may be under max_model_len.
-    engine = {"kv_cache_bytes": args.kv_cache_mib << 20, "max_num_seqs": args.max_num_seqs,
+    engine = {"kv_cache_memory_bytes": args.kv_cache_mib << 20, "max_num_seqs": args.max_num_seqs,
               "max_num_batched_tokens": args.max_num_batched_tokens, "enable_chunked_prefill": True}
     if args.engine_niceness is not None:
         engine["cpu_niceness"] = args.engine_niceness
@@ -118,10 +118,10 @@ def direct_specs(args, system: System, gpu: bool) -> list[DirectEngineSpec]:
                   max_num_batched_tokens=system.max_num_batched_tokens or args.max_num_batched_tokens)
     kv = args.kv_cache_mib << 20
     if system.engines == 2:
-        return [DirectEngineSpec(**common, kv_cache_bytes=kv, port=port, devices=dev)
+        return [DirectEngineSpec(**common, kv_cache_memory_bytes=kv, port=port, devices=dev)
                 for port, dev in zip(DIRECT_PORTS, ("0", "1"))]
     # One engine with both cores (or GPUs) gets both engines' KV cache.
-    return [DirectEngineSpec(**common, kv_cache_bytes=2 * kv, port=DIRECT_PORTS[0],
+    return [DirectEngineSpec(**common, kv_cache_memory_bytes=2 * kv, port=DIRECT_PORTS[0],
                              devices="0,1" if gpu else "0-1")]
 
 

@@ -102,8 +102,8 @@ def best_hit_rate(trace: list[Request]) -> float:
     return cached / sum(len(r.prompt) for r in trace)
 
 
-def cluster_config(routing: dict, kv_cache_bytes: int, port: int) -> ClusterConfig:
-    engine = {"kv_cache_bytes": kv_cache_bytes, "max_num_seqs": 8}
+def cluster_config(routing: dict, kv_cache_memory_bytes: int, port: int) -> ClusterConfig:
+    engine = {"kv_cache_memory_bytes": kv_cache_memory_bytes, "max_num_seqs": 8}
     return ClusterConfig.model_validate({
         "model": {"path": str(MODEL_DIR), "name": MODEL_DIR.name, "dtype": "bfloat16", "max_model_len": 2048},
         "gateway": {"host": "127.0.0.1", "port": port},
@@ -111,7 +111,7 @@ def cluster_config(routing: dict, kv_cache_bytes: int, port: int) -> ClusterConf
             # One core per prefill engine; decode shares core 1 (this machine has two).
             "prefill": {"replicas": 2, "num_cpus": 0.5, "cpu_binding": ["0", "1"], "engine": engine},
             "decode": {"replicas": 1, "num_cpus": 1, "cpu_binding": ["1"],
-                       "engine": {**engine, "kv_cache_bytes": 256 << 20}},
+                       "engine": {**engine, "kv_cache_memory_bytes": 256 << 20}},
         }},
         "routing": routing,
         "ray": {"num_cpus": 2},

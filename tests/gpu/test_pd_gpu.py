@@ -28,7 +28,7 @@ def gpu_config(model_dir, gpus: int):
     from cluster.config import ClusterConfig
 
     share = 1 if gpus >= 2 else 0.5
-    engine = {"kv_cache_bytes": "1GiB", "max_num_seqs": 8}
+    engine = {"kv_cache_memory_bytes": "1G", "max_num_seqs": 8}
     return ClusterConfig.model_validate({
         "model": {"path": str(model_dir), "name": MODEL_NAME, "dtype": "float32", "max_model_len": 512},
         "gateway": {"host": "127.0.0.1", "port": GATEWAY_PORT},

@@ -97,8 +97,8 @@ def integration_config(model_dir: Path, ray_address: str | None = None):
     from cluster.config import ClusterConfig
 
     # Compact JSON (no free whitespace) keeps the random tiny model's constrained answers short.
-    engine = {"kv_cache_bytes": 64 << 20, "max_num_seqs": 8, "structured_outputs_backend": "xgrammar",
-              "json_disable_whitespace": True}
+    engine = {"kv_cache_memory_bytes": 64 << 20, "max_num_seqs": 8,
+              "structured_outputs_config": {"backend": "xgrammar", "disable_any_whitespace": True}}
     return ClusterConfig.model_validate(
         {
             "model": {"path": str(model_dir), "name": MODEL_NAME, "dtype": "float32",

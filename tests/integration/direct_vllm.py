@@ -10,7 +10,6 @@ tool parser. Register it with `pytest_plugins = ["tests.integration.direct_vllm"
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -21,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from cluster.config import EngineConfig
+from cluster.engine.engine_args import cli_args
 from cluster.vllm_plugin import ENGINE_NICE
 from loadtest.bench.engines import wait_healthy
 from tests.conftest import TEST_STATE
@@ -39,18 +39,13 @@ def direct_vllm_command(model_dir: Path, port: int = DIRECT_VLLM_PORT) -> list[s
 
     cfg = integration_config(model_dir)
     model, engine = cfg.model, cfg.tiers[cfg.default_tier].decode.engine
-    structured = {"backend": engine.structured_outputs_backend, "disable_any_whitespace": engine.json_disable_whitespace}
     cmd = [
         sys.executable, "-m", "vllm.entrypoints.openai.api_server",
         "--model", str(model_dir), "--served-model-name", model.served_name, "--dtype", model.dtype,
-        "--max-model-len", str(model.max_model_len), "--kv-cache-memory-bytes", str(int(engine.kv_cache_bytes)),
-        "--max-num-seqs", str(engine.max_num_seqs), "--structured-outputs-config", json.dumps(structured),
-        "--host", "127.0.0.1", "--port", str(port),
+        "--max-model-len", str(model.max_model_len), "--host", "127.0.0.1", "--port", str(port),
+        # Every vLLM engine argument of the pool, written as the engines' parser reads them.
+        *cli_args(engine.vllm_args()),
     ]
-    if engine.enforce_eager:
-        cmd.append("--enforce-eager")
-    if not engine.enable_prefix_caching:
-        cmd.append("--no-enable-prefix-caching")
     if model.tool_parser:
         cmd += ["--tool-call-parser", model.tool_parser, "--enable-auto-tool-choice"]
     return cmd

@@ -222,7 +222,7 @@ SPEC_SCRIPT = textwrap.dedent('''
         from vllm import SamplingParams
 
         model, prompts = Path(sys.argv[1]), json.loads(sys.argv[2])
-        engine_cfg = EngineConfig.model_validate({"kv_cache_bytes": 64 << 20, "max_num_seqs": 4, "speculative": {
+        engine_cfg = EngineConfig.model_validate({"kv_cache_memory_bytes": 64 << 20, "max_num_seqs": 4, "speculative_config": {
             "method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1, "prompt_lookup_max": 3}})
         spec = EngineSpec(model_path=model, served_name="spec", dtype="float32", max_model_len=512,
                           engine=engine_cfg, kv_role=None, kv=KVTransferConfig(), nixl=None, cpu_binding="0",
@@ -253,7 +253,7 @@ SPEC_SCRIPT = textwrap.dedent('''
 
 
 def test_ngram_speculative_decoding_gives_the_same_greedy_output(tiny_model_dir, tokenizer, tmp_path):
-    """An engine with `speculative: {method: ngram}` in its pool config (a short-lived engine
+    """An engine with `speculative_config: {method: ngram}` in its pool config (a short-lived engine
     in a subprocess, inside the session's cluster lock) against the cluster's decode engine."""
     prompts = [tokenizer("a b c a b c a b c a b")["input_ids"],
                tokenizer("one two three one two three one two")["input_ids"]]

@@ -60,7 +60,7 @@ def _free_port() -> int:
 def serve_config(model_dir: Path, gateway_port: int, metrics_port: int):
     from cluster.config import ClusterConfig
 
-    engine = {"kv_cache_bytes": 16 << 20, "max_num_seqs": 8, "block_size": 16}
+    engine = {"kv_cache_memory_bytes": 16 << 20, "max_num_seqs": 8, "block_size": 16}
     pool = {"num_cpus": 0, "engine": engine}
     return ClusterConfig.model_validate({
         "model": {"path": str(model_dir), "name": MODEL_NAME, "dtype": "float32", "max_model_len": 512},

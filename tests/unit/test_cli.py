@@ -1,4 +1,4 @@
-"""The `tandem` CLI's cheap paths (no Ray, no vLLM)."""
+"""The `tandem` CLI's cheap paths (no Ray; check-config imports vLLM for its parser)."""
 
 from __future__ import annotations
 

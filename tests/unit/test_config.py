@@ -16,7 +16,7 @@ def test_default_local_config_loads_and_resolves_model_path():
     cfg = ClusterConfig.load(REPO / "cluster" / "configs" / "local.yaml")
     assert cfg.model.path == (REPO / ".tandem" / "models" / "SmolLM2-135M-Instruct").resolve()
     assert cfg.default_tier == "interactive"
-    assert cfg.tiers["interactive"].prefill.engine.kv_cache_bytes == 256 << 20
+    assert cfg.tiers["interactive"].prefill.engine.kv_cache_memory_bytes == 256 << 20
     assert cfg.gateway.port == 8000
 
 
@@ -52,7 +52,7 @@ def test_first_tier_is_default_and_overrides_merge(tmp_path):
 
 
 def test_kv_cache_size_has_a_floor():
-    with pytest.raises(ValidationError, match="kv_cache_bytes"):
+    with pytest.raises(ValidationError, match="kv_cache_memory_bytes"):
         ClusterConfig.model_validate(
-            {"model": {"path": "m"}, "tiers": {"interactive": {"prefill": {"engine": {"kv_cache_bytes": 1024}}}}}
+            {"model": {"path": "m"}, "tiers": {"interactive": {"prefill": {"engine": {"kv_cache_memory_bytes": 1024}}}}}
         )

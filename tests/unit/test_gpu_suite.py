@@ -29,6 +29,6 @@ def test_gpu_pd_config_is_valid(tmp_path):
 
     one = gpu_config(tmp_path, gpus=1)
     assert one.tiers["interactive"].prefill.num_gpus == 0.5
-    assert one.tiers["interactive"].decode.engine.kv_cache_bytes == 1 << 30
+    assert one.tiers["interactive"].decode.engine.kv_cache_memory_bytes == 1 << 30
     assert one.kv_transfer.buffer_device == "cuda" and one.kv_transfer.ucx_net_devices is None
     assert gpu_config(tmp_path, gpus=2).tiers["interactive"].decode.num_gpus == 1

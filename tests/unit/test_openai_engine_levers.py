@@ -1,13 +1,14 @@
-"""Engine levers per pool (cluster/config/ EngineConfig) and their mapping onto vLLM's
-engine arguments (cluster/engine/vllm.py): invalid combinations fail at load, naming the field."""
+"""Engine levers per pool (cluster/config/ EngineConfig): invalid combinations fail at load,
+naming the field (vLLM's own checks of each value: test_engine_args.py); each hop's
+SamplingParams (cluster/engine/vllm.py)."""
 
 from __future__ import annotations
 
 import pytest
 from pydantic import ValidationError
 
-from cluster.config import ClusterConfig, EngineConfig
-from cluster.engine.vllm import _sampling_params, engine_levers
+from cluster.config import ClusterConfig
+from cluster.engine.vllm import _sampling_params
 from cluster.protocol import EngineRequest
 
 
@@ -18,33 +19,10 @@ def _cfg(prefill: dict | None = None, decode: dict | None = None, **model) -> Cl
     })
 
 
-def test_levers_reach_vllm_engine_arguments() -> None:
-    eng = EngineConfig.model_validate({
-        "kv_cache_dtype": "fp8", "enable_chunked_prefill": True, "max_num_batched_tokens": 256,
-        "quantization": "fp8", "tensor_parallel_size": 2, "structured_outputs_backend": "xgrammar",
-        "json_disable_whitespace": True,
-        "speculative": {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 5},
-    })
-    args = engine_levers(eng)
-    assert args["kv_cache_dtype"] == "fp8" and args["enable_chunked_prefill"] is True
-    assert args["quantization"] == "fp8" and args["tensor_parallel_size"] == 2
-    assert args["structured_outputs_config"] == {"backend": "xgrammar", "disable_any_whitespace": True}
-    assert engine_levers(eng, "qwen3")["structured_outputs_config"]["reasoning_parser"] == "qwen3"
-    assert args["speculative_config"] == {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 1,
-                                          "prompt_lookup_max": 5}
-    defaults = engine_levers(EngineConfig())
-    assert "speculative_config" not in defaults and "quantization" not in defaults
-    assert "enable_chunked_prefill" not in defaults  # vLLM keeps its own default
-
-
 @pytest.mark.parametrize("prefill, decode, field", [
-    ({}, {"json_disable_whitespace": True}, "structured_outputs_backend"),
-    ({}, {"speculative": {"prompt_lookup_min": 4, "prompt_lookup_max": 2}}, "prompt_lookup_min"),
-    ({}, {"speculative": {"method": "eagle"}}, "speculative.method"),
-    ({"speculative": {}}, {}, "tiers.interactive.prefill.engine.speculative"),
+    ({"speculative_config": {}}, {}, "tiers.interactive.prefill.engine.speculative_config"),
     ({}, {"max_num_batched_tokens": 256}, "enable_chunked_prefill"),
     ({}, {"enable_chunked_prefill": False}, "max_num_batched_tokens"),
-    ({}, {"kv_cache_dtype": "int3"}, "kv_cache_dtype"),
     ({}, {"tensor_parallel_size": 0}, "tensor_parallel_size"),
 ])
 def test_invalid_combinations_name_the_field(prefill, decode, field) -> None:

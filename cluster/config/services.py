@@ -71,9 +71,12 @@ class GatewayConfig(_Strict):
                                                                "a slow sender must not hold a gateway slot.")
     health_interval_s: float = Field(1.0, ge=0, description="/health probes the engines at most once per interval, "
                                                             "whatever the call rate (/livez probes nothing).")
-    decode_first_token_timeout_s: float = Field(
-        120.0, gt=0, description="A decode hop with no first token within this is refused (429) instead of "
-                                 "holding its admission place: no decode capacity, or a stuck replica.")
+    decode_first_token_timeout_s: Optional[float] = Field(
+        None, gt=0, description="A decode hop with no first token within this is refused (429) instead of "
+                                "holding its admission place. None (the default): no deadline, as `vllm serve` "
+                                "has none: a decode engine's queue under load is a wait, not a failure (a 120 s "
+                                "deadline refused requests vLLM's benchmark at concurrency 32 completes on vLLM); "
+                                "a dead replica fails the hop anyway.")
     allowed_hosts: Optional[tuple[str, ...]] = Field(
         None, description="Host header values the gateway answers (421 otherwise; against DNS rebinding): names or "
                           "name:port; \"*\": any. None: the gateway host and the loopback names (any port), or no "

@@ -69,8 +69,9 @@ def answer_of(result: PrefillResult) -> PrefillAnswer:
     return PrefillAnswer(handoff, first, result.prompt_logprobs)
 
 
-async def first_token_within(stream: Any, timeout_s: float) -> AsyncIterator[RequestOutput]:
-    """The stream, with a deadline on its first chunk only (later gaps are the engine's pace)."""
+async def first_token_within(stream: Any, timeout_s: Optional[float]) -> AsyncIterator[RequestOutput]:
+    """The stream, with a deadline on its first chunk only (later gaps are the engine's pace);
+    None: no deadline."""
     it = stream.__aiter__()
     try:
         first = await asyncio.wait_for(it.__anext__(), timeout_s)

@@ -73,7 +73,7 @@ class Hops:
     """The P/D path's calls over Ray Serve handles to the pools of each tier."""
 
     def __init__(self, pools: Mapping[str, TierPools], router: Optional[KVRouter] = None, *,
-                 prefill_timeout_s: float, decode_first_token_timeout_s: float = 120.0,
+                 prefill_timeout_s: float, decode_first_token_timeout_s: Optional[float] = None,
                  decode_streams: DecodeStreams = "per_step"):
         self._pools = pools
         # per_step needs a router: a channel is opened to a replica known by worker id.

@@ -53,7 +53,7 @@ class DisaggregatedBackend:
 
     def __init__(self, *, pools: Mapping[str, TierPools],
                  prefill_timeout_s: float, router: Optional[KVRouter] = None,
-                 first_token_reuse: bool = True, decode_first_token_timeout_s: float = 120.0,
+                 first_token_reuse: bool = True, decode_first_token_timeout_s: Optional[float] = None,
                  decode_streams: DecodeStreams = "per_step"):
         self._router = router  # None: Serve's own replica choice
         self._first_token_reuse = first_token_reuse

@@ -230,6 +230,9 @@ def test_the_default_config_sheds_on_nothing_but_its_bounds_and_says_so():
     for tier, t in cfg.tiers.items():
         assert (t.admission.max_queue_wait_s, t.admission.target_ttft_s) == (None, None), tier
         assert t.admission.summary().endswith("; no SLO shedding"), t.admission.summary()
+    # Nor for a decode engine's queue: no first-token deadline on the decode hop (a 120 s one
+    # refused 2 of vLLM's benchmark's 64 requests at concurrency 32 on the 2-core VM).
+    assert cfg.gateway.decode_first_token_timeout_s is None
     shedding = AdmissionConfig(max_running=8, max_queue_wait_s=0.5, target_ttft_s=1, min_running=2).summary()
     assert "over 0.5 s" in shedding and "(2..8) to a 1 s TTFT" in shedding
 

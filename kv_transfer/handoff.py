@@ -23,6 +23,10 @@ unrecognized request" afterwards. So a handoff used after its lease would read w
 blocks hold by then, possibly another request's KV. Each handoff therefore carries its
 deadline (stamped when the prefill returns, minus a margin for clock skew between nodes and
 the time until decode's first heartbeat), and decode refuses one past it: it recomputes.
+The check is made twice: when the decode replica takes the request, and again when the decode
+engine's scheduler takes it off its waiting queue to start the pull (kv_transfer/connector.py),
+because under load a request can wait there longer than the lease (seen at concurrency 32 on the
+2-core VM: a pull 40 s after the prefill, and the prefill's "Potentially invalid KV blocks").
 """
 
 from __future__ import annotations
@@ -68,6 +72,27 @@ def lease_deadline(now: Optional[float] = None) -> float:
     return (time.time() if now is None else now) + KV_LEASE_S - LEASE_MARGIN_S
 
 
+# The deadline travels to the decode engine's scheduler inside the request's kv_transfer_params
+# (vLLM passes the dict through; its NIXL connector reads only its own keys).
+LEASE_DEADLINE_KEY = "tandem_lease_deadline"
+
+
+def lease_ended(params: Optional[dict[str, Any]], now: Optional[float] = None) -> bool:
+    """Whether a decode request's remote prefill must not be pulled any more: its handoff's
+    lease deadline (LEASE_DEADLINE_KEY) has passed. False without a deadline or a remote prefill."""
+    if not params or not params.get("do_remote_prefill"):
+        return False
+    deadline = params.get(LEASE_DEADLINE_KEY)
+    if not isinstance(deadline, (int, float)):
+        return False
+    return (time.time() if now is None else now) >= deadline
+
+
+def without_remote_prefill(params: dict[str, Any]) -> dict[str, Any]:
+    """A decode request's params turned local: vLLM's connector then neither pulls nor notifies."""
+    return {**params, "do_remote_prefill": False}
+
+
 def prefill_request_params() -> dict[str, Any]:
     """kv_transfer_params for the prefill request: keep the KV for a remote decode."""
     return {"do_remote_decode": True, "do_remote_prefill": False}
@@ -104,4 +129,6 @@ class Handoff:
         now = time.time() if now is None else now
         if self.lease_deadline is not None and now >= self.lease_deadline:
             raise HandoffExpired(f"handoff lease ended {now - self.lease_deadline:.1f} s ago")
-        return dict(self.params)
+        if self.lease_deadline is None:
+            return dict(self.params)
+        return {**self.params, LEASE_DEADLINE_KEY: self.lease_deadline}

@@ -120,7 +120,7 @@ def test_a_handoff_past_its_lease_is_refused():
     deadline = lease_deadline(now=1000.0)
     assert deadline == 1000.0 + KV_LEASE_S - LEASE_MARGIN_S < 1000.0 + KV_LEASE_S
     handoff = Handoff.from_prefill(M, PARAMS, lease_deadline=deadline)
-    assert handoff.decode_params(M, now=deadline - 0.1) == PARAMS
+    assert handoff.decode_params(M, now=deadline - 0.1) == {**PARAMS, "tandem_lease_deadline": deadline}
     with pytest.raises(HandoffExpired, match="lease ended"):
         handoff.decode_params(M, now=deadline)
     assert Handoff.from_prefill(M, PARAMS).decode_params(M, now=1e12) == PARAMS  # no deadline: no check
@@ -181,10 +181,12 @@ def test_decode_recomputes_an_expired_handoff_and_counts_it(monkeypatch):
         return [c async for c in worker.generate(request, handoff)]
 
     asyncio.run(run(Handoff.from_prefill(M, PARAMS, lease_deadline=time.time() - 1)))
-    asyncio.run(run(Handoff.from_prefill(M, PARAMS, lease_deadline=time.time() + 60)))
+    in_time = time.time() + 60
+    asyncio.run(run(Handoff.from_prefill(M, PARAMS, lease_deadline=in_time)))
     asyncio.run(run(Handoff.from_prefill(dataclasses.replace(M, block_size=32), PARAMS)))
-    # expired: computed locally; in time: pulled; from an incompatible producer: computed locally
-    assert worker.engine.params == [None, PARAMS, None]
+    # expired: computed locally; in time: pulled (the deadline along, for the engine's own
+    # check); from an incompatible producer: computed locally
+    assert worker.engine.params == [None, {**PARAMS, "tandem_lease_deadline": in_time}, None]
     assert counted == [{"tier": "interactive"}]
 
 
@@ -264,3 +266,18 @@ def test_the_cpu_patch_applies_where_vllms_nixl_worker_makes_its_agent():
                           cwd=str(ROOT))
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.strip().endswith("ok nixl_agent")
+
+
+def test_the_decode_engine_refuses_a_pull_whose_lease_ended_while_the_request_waited():
+    """The second check (kv_transfer/connector.py): the deadline rides in kv_transfer_params to
+    the decode engine's scheduler, which takes a request off its queue maybe long after the
+    decode replica took it; past the deadline the request is made local (no pull, no notify)."""
+    from kv_transfer.handoff import lease_ended, without_remote_prefill
+
+    params = Handoff.from_prefill(M, PARAMS, lease_deadline=1000.0).decode_params(M, now=990.0)
+    assert not lease_ended(params, now=999.9)
+    assert lease_ended(params, now=1000.0)
+    local = without_remote_prefill(params)
+    assert local["do_remote_prefill"] is False and not lease_ended(local, now=2000.0)
+    assert params["do_remote_prefill"] is True  # a copy: the handoff's own params stay as they were
+    assert not lease_ended(PARAMS, now=1e12) and not lease_ended(None) and not lease_ended({})

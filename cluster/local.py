@@ -148,7 +148,9 @@ class LocalCluster:
             log_note = f"; logs: {self.log_file}" if self.log_file is not None else ""
             self._say(f"[tandem] starting Ray ({address or 'local'}){log_note}")
             context = ray.init(
-                address=address,
+                # "local": a new instance, never one Ray finds by itself (RAY_ADDRESS, or
+                # /tmp/ray/ray_current_cluster, which a `ray start` elsewhere leaves behind).
+                address=address or "local",
                 num_cpus=self.cfg.ray.num_cpus if address is None else None,
                 include_dashboard=False,
                 _node_ip_address=LOOPBACK if address is None else None,

@@ -60,7 +60,7 @@ def serve_graph(cfg_raw: dict, pace_s: float, ray_env: dict[str, str], state_dir
     # Ray 2.60's raylet exits when its dashboard agent starts slower than a fixed 15 s (two
     # cores busy with other work): ray.init then raises, "timed out during startup", and the
     # benchmark starts this process again (control_plane_systems.TandemGraph).
-    ray.init(num_cpus=cfg.ray.num_cpus, include_dashboard=False, _node_ip_address="127.0.0.1",
+    ray.init(address="local", num_cpus=cfg.ray.num_cpus, include_dashboard=False, _node_ip_address="127.0.0.1",
              _metrics_export_port=cfg.ray.metrics_export_port, logging_level="warning")
     node_ip = ray.util.get_node_ip_address()
     if node_ip != "127.0.0.1":

@@ -70,7 +70,7 @@ class RayLLMPD:
         # Logical CPUs: each engine's placement group and server actor and the ingress take
         # one each (with 4 the ingress never got scheduled); the engines are bound to cores
         # 0 and 1 by VLLM_CPU_OMP_THREADS_BIND, as tandem's are.
-        ray.init(num_cpus=8, include_dashboard=False, _node_ip_address="127.0.0.1", logging_level="warning")
+        ray.init(address="local", num_cpus=8, include_dashboard=False, _node_ip_address="127.0.0.1", logging_level="warning")
         try:
             serve.start(http_options={"host": "127.0.0.1", "port": self.port})
             app = build_pd_openai_app({

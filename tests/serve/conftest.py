@@ -120,7 +120,9 @@ def serve_session(tiny_model_dir):
     try:
         # No runtime_env: `env` reaches every Ray process from os.environ (set above, before Ray
         # starts); with one, each worker starts through Ray's setup_worker.py first (~0.7 s of CPU).
-        ray.init(num_cpus=2, include_dashboard=False, _node_ip_address="127.0.0.1",
+        # address="local": a new instance, never the one a `ray start` left in /tmp/ray/ray_current_cluster
+        # (tests/integration's, or another run's on this machine: seen in CI).
+        ray.init(address="local", num_cpus=2, include_dashboard=False, _node_ip_address="127.0.0.1",
                  _metrics_export_port=cfg.ray.metrics_export_port, logging_level="warning")
         serve.start(proxy_location=proxy_location(cfg), http_options={"host": "127.0.0.1", "port": cfg.gateway.port},
                     logging_config={"log_level": "WARNING"})

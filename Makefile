@@ -1,7 +1,7 @@
 # Two commands set everything up on a fresh machine: `make run` and `make test`.
 VENV := .venv
 
-.PHONY: run test stop setup unit loadtest redis prometheus grafana-venv peers-venv bench-rayllm
+.PHONY: run test stop setup unit serve integration loadtest redis prometheus grafana-venv peers-venv bench-rayllm
 
 # Recipes of setup and run are not echoed: the console of `make run` is what tandem prints.
 setup:
@@ -23,10 +23,11 @@ run: setup
 stop:
 	$(VENV)/bin/tandem stop
 
-test: setup redis prometheus grafana-venv peers-venv
-	$(VENV)/bin/python -m pytest -ra --durations=15
-	# grafana-push with the real grafana-client (its own venv: urllib3-future replaces urllib3)
-	.venv-grafana/bin/python -m pytest -ra -p no:cacheprovider tests/unit/test_grafana.py
+# The suite in three lanes, each its own pytest process, cheapest first: a unit failure stops
+# `make test` in minutes. unit: no Ray, no engine; serve: the real Serve graph with FakeEngine;
+# integration: the real cluster (vLLM engines, NIXL, peer clients) and the GPU tests (skipped
+# without a GPU). `make unit`, `make serve` and `make integration` run one lane.
+test: unit serve integration
 
 # A venv with only the `grafana` extra, falling back to .venv's packages for everything else.
 grafana-venv: setup
@@ -52,8 +53,16 @@ peers-venv: setup
 	  $(PEERS_VENV)/bin/pip install -q --disable-pip-version-check -r tests/peers/requirements.txt && \
 	  cat tests/peers/requirements.txt $(VENV)/.tandem-stamp 2>/dev/null > $(PEERS_VENV)/.peers-stamp; }
 
-unit: setup redis prometheus
-	$(VENV)/bin/python -m pytest -ra tests/unit
+unit: setup redis prometheus grafana-venv
+	$(VENV)/bin/python -m pytest -ra --durations=10 tests/unit
+	# grafana-push with the real grafana-client (its own venv: urllib3-future replaces urllib3)
+	.venv-grafana/bin/python -m pytest -ra -p no:cacheprovider tests/unit/test_grafana.py
+
+serve: setup
+	$(VENV)/bin/python -m pytest -ra --durations=10 tests/serve
+
+integration: setup redis prometheus peers-venv
+	$(VENV)/bin/python -m pytest -ra --durations=25 tests/integration tests/gpu
 
 # Load test a running cluster (`make run` in another shell); exits non-zero when the SLO is missed.
 HOST ?= http://127.0.0.1:8000

@@ -3,7 +3,7 @@
 FakeEngine never imports vLLM (~8 s of CPU each on 2 cores): requests arrive with their
 SamplingParams still pickled (cluster/protocol.py ReceivedSampling), and the fake's outputs
 (FakeOutput) become vLLM RequestOutputs only when unpickled in the gateway. It lives in the
-package, not in tests/fakes.py, because Serve replicas import it by class (cluster/app.py
+package, not in tests/support/fakes.py, because Serve replicas import it by class (cluster/app.py
 build_app's `engine_cls`). A fake for tests of the graph's logic; what real engines do (NIXL, vLLM's
 scheduler, answers' quality) stays with tests/integration/.
 

@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 from tests.conftest import TEST_STATE
-from tests.kv_checks import assert_prompt_kv_moved
+from tests.support.kv_checks import assert_prompt_kv_moved
 
 pytestmark = pytest.mark.gpu
 

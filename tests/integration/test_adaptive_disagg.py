@@ -4,7 +4,7 @@ decode engine) and fails none; a short answer runs whole on a prefill engine.
 
 The session cluster's gateway runs `routing.disaggregation: always` (the other tests check
 the prefill hop), so, like test_faults_redis.py, these tests build the gateway's request path
-in the test process (tests/pd_path.py): an adaptive KVRouter and a DisaggregatedBackend over
+in the test process (tests/support/pd_path.py): an adaptive KVRouter and a DisaggregatedBackend over
 the real Serve handles of the interactive pools (real prefill, NIXL, decode). Its cost models
 start from their prior and calibrate on the idle requests' hops; the decisions are recorded by
 wrapping the pure `decide` the router calls, and counted by reason.
@@ -18,15 +18,13 @@ import time
 import uuid
 from collections import Counter
 
-import pytest
 from vllm import SamplingParams
 
 from cluster.protocol import EngineRequest, finish_reason, new_token_ids
 from router.pd.path import DisaggregatedBackend
 from router.routing.decider import Objectives, PDDecider
-from tests.pd_path import TIER, in_process_path, prefill_idle, ready, record_verdicts
+from tests.support.pd_path import TIER, in_process_path, prefill_idle, ready, record_verdicts
 
-pytestmark = pytest.mark.integration
 
 LONG = 448  # tokens: near max_model_len (512), room for the answer
 BURST = 16
@@ -80,7 +78,7 @@ def test_a_short_answer_runs_whole_on_a_real_prefill_engine(base_url, monkeypatc
     """The decider's "whole" path on vLLM: a prefill engine (NIXL producer) runs a request with
     no KV transfer params as any engine does, and streams it to the end; decode is not used."""
     from router import path_metrics
-    from tests.fakes import RecordingMetric
+    from tests.support.fakes import RecordingMetric
 
     routes = RecordingMetric()
     monkeypatch.setattr(path_metrics, "ROUTES", routes)

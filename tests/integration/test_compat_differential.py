@@ -17,9 +17,8 @@ import httpx
 import pytest
 
 from tests.conftest import TEST_STATE
-from tests.integration.compat import Entry, Outcome, error_message, judge, load_corpus, send, vllm_problems
+from tests.support.compat import Entry, Outcome, error_message, judge, load_corpus, send, vllm_problems
 
-pytestmark = pytest.mark.integration
 
 CORPUS = load_corpus()
 RESULTS = TEST_STATE / "compat-differential.json"

@@ -6,9 +6,7 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from tests.integration.conftest import MAX_MODEL_LEN, MODEL_NAME
-
-pytestmark = pytest.mark.integration
+from tests.support.integration_cluster import MAX_MODEL_LEN, MODEL_NAME
 
 
 def _assert_openai_error(resp: httpx.Response, status: int) -> dict:

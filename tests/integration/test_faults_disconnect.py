@@ -16,11 +16,9 @@ import random
 import time
 
 import httpx
-import pytest
 
-from tests.integration.conftest import MODEL_NAME, replica_stats
+from tests.support.integration_cluster import MODEL_NAME, replica_stats
 
-pytestmark = pytest.mark.integration
 
 CLIENTS = 200
 EARLY = 50  # of them hang up before the first token

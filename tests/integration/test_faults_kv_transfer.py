@@ -22,9 +22,8 @@ from vllm import SamplingParams
 from cluster.config import KVTransferConfig
 from cluster.protocol import EngineRequest
 from kv_transfer.nixl import claim_side_channel
-from tests.integration.conftest import replica_stats
+from tests.support.integration_cluster import replica_stats
 
-pytestmark = pytest.mark.integration
 
 BOUND_S = 30  # handshake timeout (5 s) + recompute, with room for a busy 2-core machine
 DECODE = "interactive-decode"

@@ -18,13 +18,11 @@ import asyncio
 import time
 
 import httpx
-import pytest
 
 from loadtest.measure.percentiles import percentile
 from loadtest.measure.sse import StreamReader
-from tests.integration.conftest import MODEL_NAME, replica_stats
+from tests.support.integration_cluster import MODEL_NAME, replica_stats
 
-pytestmark = pytest.mark.integration
 
 BODY = {"model": MODEL_NAME, "prompt": "Under heavy load the gateway", "max_tokens": 16, "ignore_eos": True,
         "temperature": 0}

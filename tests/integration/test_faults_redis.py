@@ -17,7 +17,6 @@ import random
 import time
 import uuid
 
-import pytest
 from vllm import SamplingParams
 import redis
 
@@ -28,9 +27,8 @@ from router.prefix_index import make_index
 from router.routing.decider import PDDecider
 from router.routing.directory import pool_directory
 from router.routing.service import KVRouter
-from tests.redis_server import RedisServer
+from tests.support.redis_server import RedisServer
 
-pytestmark = pytest.mark.integration
 
 TIER = "interactive"
 BLOCK = 128  # vLLM's CPU block size: prefixes of whole blocks are hashed and indexed

@@ -16,9 +16,8 @@ from vllm import SamplingParams
 from vllm.sampling_params import StructuredOutputsParams
 
 from cluster.protocol import EngineRequest, finish_reason
-from tests.integration.conftest import MODEL_NAME, metric, replica_stats, wait_for_metric
+from tests.support.integration_cluster import MODEL_NAME, metric, replica_stats, wait_for_metric
 
-pytestmark = pytest.mark.integration
 
 PROMPT = "Prefill samples the first token, and decode carries on from there with"
 DECODE = "interactive-decode"

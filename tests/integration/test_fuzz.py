@@ -22,7 +22,6 @@ from typing import Any
 
 import httpx
 import jsonschema
-import pytest
 import requests
 import schemathesis
 from hypothesis import HealthCheck, Phase, given, settings
@@ -30,7 +29,7 @@ from hypothesis import strategies as st
 from schemathesis import GenerationMode
 from schemathesis.checks import not_a_server_error
 
-from tests.integration.conftest import MODEL_NAME
+from tests.support.integration_cluster import MODEL_NAME
 
 ERROR_SCHEMA = {
     "type": "object", "required": ["error"],
@@ -40,7 +39,6 @@ ERROR_SCHEMA = {
 }
 ROUTES = ("/v1/chat/completions", "/v1/completions")
 
-pytestmark = pytest.mark.integration
 
 CASES = 600
 MAX_TOKENS = 2

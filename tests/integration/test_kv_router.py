@@ -13,13 +13,11 @@ import time
 
 import httpx
 import msgspec
-import pytest
 import zmq
 
 from router.hashing import BlockHasher
-from tests.integration.conftest import MODEL_NAME, metric, replica_stats, wait_for_metric
+from tests.support.integration_cluster import MODEL_NAME, metric, replica_stats, wait_for_metric
 
-pytestmark = pytest.mark.integration
 
 PREFILL = "interactive-prefill"
 

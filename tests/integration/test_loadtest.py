@@ -15,7 +15,7 @@ import httpx
 
 from loadtest.bench.loadgen import stream_one
 from loadtest.bench.workload import ScheduledRequest
-from tests.integration.conftest import MODEL_NAME
+from tests.support.integration_cluster import MODEL_NAME
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -5,12 +5,9 @@ from __future__ import annotations
 
 import json
 
-import pytest
 
 from kv_transfer.bench.__main__ import main
 from kv_transfer.bench.nixl_transfer import MIB, nixl_reads
-
-pytestmark = pytest.mark.integration
 
 
 def test_nixl_read_moves_the_source_bytes():

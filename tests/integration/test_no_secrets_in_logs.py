@@ -15,11 +15,8 @@ import uuid
 from pathlib import Path
 
 import httpx
-import pytest
 
-from tests.integration.conftest import MODEL_NAME
-
-pytestmark = pytest.mark.integration
+from tests.support.integration_cluster import MODEL_NAME
 
 
 def _session_logs() -> Path:

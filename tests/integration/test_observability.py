@@ -19,9 +19,8 @@ import pytest
 
 from cluster.observability import metric_names_used
 from tests.conftest import TEST_STATE
-from tests.integration.conftest import METRICS_PORTS, MODEL_NAME, scrape_metrics, wait_for_metric
+from tests.support.integration_cluster import METRICS_PORTS, MODEL_NAME, scrape_metrics, wait_for_metric
 
-pytestmark = pytest.mark.integration
 
 CHART = Path(__file__).resolve().parents[2] / "deploy" / "helm" / "tandem"
 

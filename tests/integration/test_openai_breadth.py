@@ -28,9 +28,8 @@ import regex
 
 from loadtest.measure.sse import read_events
 from tests.conftest import REPO
-from tests.integration.conftest import MODEL_NAME
+from tests.support.integration_cluster import MODEL_NAME
 
-pytestmark = pytest.mark.integration
 
 SCHEMA = {
     "type": "object",

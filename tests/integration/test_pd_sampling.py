@@ -8,11 +8,9 @@ import random
 import time
 
 import httpx
-import pytest
 
-from tests.integration.conftest import MODEL_NAME, replica_stats
+from tests.support.integration_cluster import MODEL_NAME, replica_stats
 
-pytestmark = pytest.mark.integration
 
 PREFILL, DECODE = "interactive-prefill", "interactive-decode"
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.conftest import MODEL_NAME
+from tests.support.integration_cluster import MODEL_NAME
 
 REPO = Path(__file__).resolve().parents[2]
 PEERS_VENV = REPO / ".venv-peers"

@@ -23,10 +23,9 @@ from cluster.protocol import EngineRequest
 from loadtest.measure.percentiles import percentile
 from loadtest.measure.sse import StreamReader
 from tests.integration.test_faults_kv_transfer import decode_text
-from tests.flood import flood
-from tests.integration.conftest import GATEWAY_PORT, MODEL_NAME, metric, replica_stats, wait_for_metric
+from tests.support.flood import flood
+from tests.support.integration_cluster import GATEWAY_PORT, MODEL_NAME, metric, replica_stats, wait_for_metric
 
-pytestmark = pytest.mark.integration
 
 DECODE = "interactive-decode"
 CHAT = [{"role": "user", "content": "hi"}]

@@ -13,11 +13,9 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import psutil
-import pytest
 
-from tests.integration.conftest import GATEWAY_PORT, METRICS_PORTS, RAY_PORT, RAY_TOKEN
+from tests.support.integration_cluster import GATEWAY_PORT, METRICS_PORTS, RAY_PORT, RAY_TOKEN
 
-pytestmark = pytest.mark.integration
 
 ENGINE_POOLS = {"interactive-prefill": 2, "interactive-decode": 1, "batch-prefill": 1, "batch-decode": 1}
 

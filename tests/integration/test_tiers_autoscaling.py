@@ -15,11 +15,10 @@ import time
 import httpx
 import pytest
 
-from tests.closed_loop import ClosedLoop, running_replicas, wait_for
+from tests.support.closed_loop import ClosedLoop, running_replicas, wait_for
 from tests.conftest import TEST_STATE
-from tests.integration.conftest import AUTOSCALING_DECISIONS, MODEL_NAME, replica_stats
+from tests.support.integration_cluster import AUTOSCALING_DECISIONS, MODEL_NAME, replica_stats
 
-pytestmark = pytest.mark.integration
 
 # A new engine replica started under load in 304 s on a slow, shared 2-core VM (2026-12-01); a
 # generous bound costs nothing where starts are fast.
@@ -92,7 +91,7 @@ def test_load_scales_batch_prefill_up_and_back_down_with_no_failed_request(base_
     # Three clients queue ~3 x 440 prompt tokens, 5x the target: enough to scale, and light
     # enough that the new engine starts on cores not saturated by load (it started in 304 s
     # under ten clients on a slow VM). The scaling cycle itself, faster and with FakeEngine:
-    # tests/serve/test_zz_autoscaling.py; here what needs real engines: the new replica's own
+    # tests/serve/test_autoscaling.py; here what needs real engines: the new replica's own
     # engine, NIXL side channel and core, with decode pulling prompts over NIXL throughout.
     with batch_load(base_url, clients=3, prompt_tokens=440) as up:
         wait_for("a second batch-prefill replica", lambda: running_replicas(POOL) == 2, REPLICA_START_BOUND_S)

@@ -6,11 +6,9 @@ output stays equal to transformers'."""
 from __future__ import annotations
 
 import httpx
-import pytest
 
-from tests.integration.conftest import MODEL_NAME, NODE_RESOURCES
+from tests.support.integration_cluster import MODEL_NAME, NODE_RESOURCES
 
-pytestmark = pytest.mark.integration
 
 PROMPT = "Two Ray nodes share one machine, and the prefill engine hands its cache to"
 MAX_TOKENS = 10

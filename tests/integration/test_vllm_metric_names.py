@@ -1,7 +1,7 @@
 """The vLLM metric names tandem reads (cluster/vllm_metrics.py) against a live engine's registry.
 
 The unit test (tests/unit/test_upstream_seams.py) reads vLLM's source; this one asks the
-session's plain vLLM server (tests/integration/direct_vllm.py), so a sample renamed at run time
+session's plain vLLM server (tests/support/direct_vllm.py), so a sample renamed at run time
 (a suffix, a label) fails here too. That server has no KV connector, so vLLM registers no NIXL
 families in it: those are held by the P/D tests that read them through EngineStats
 (tests/integration/test_pd_sampling.py: kv_transfers and prompt tokens transferred).
@@ -12,11 +12,8 @@ from __future__ import annotations
 import re
 
 import httpx
-import pytest
 
 from cluster import vllm_metrics as vm
-
-pytestmark = pytest.mark.integration
 
 
 def test_every_vllm_sample_tandem_reads_is_in_a_live_engines_registry(direct_vllm_url):

@@ -12,10 +12,9 @@ import httpx
 import pytest
 
 from loadtest.measure.sse import DONE, payload
-from tests.integration.conftest import MODEL_NAME
-from tests.kv_checks import assert_prompt_kv_moved
+from tests.support.integration_cluster import MODEL_NAME
+from tests.support.kv_checks import assert_prompt_kv_moved
 
-pytestmark = pytest.mark.integration
 
 PROMPTS = [
     "The quick brown fox jumps over the lazy dog because",

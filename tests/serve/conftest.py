@@ -4,14 +4,17 @@ build_app exactly as `tandem run` builds it, with FakeEngine (cluster/engine/fak
 every replica's engine. No vLLM engine, no NIXL: seconds per test.
 
 Ports: the gateway and Ray's metrics export get free ports; Ray's own (GCS, raylet, agents)
-are Ray's choice for a new local cluster. Nothing here uses tests/integration's fixed ports,
-but a run still takes the shared lock, since it starts Ray.
+are Ray's choice for a new local cluster. Nothing here uses tests/integration's fixed ports.
 
 Order: this folder's tests run first in a session. Its Ray instance must be gone before
 tests/integration starts its own cluster (one driver connects to one Ray cluster), and the
 integration cluster lives until the session ends; so the fixture is package-scoped (torn
 down after this folder's last test) and `pytest_collection_modifyitems` puts the folder's
-tests ahead of the others (a stable sort: the others keep their order).
+tests ahead of the others (a stable sort: the others keep their order). `make test` runs
+each folder in its own pytest process (unit, serve, integration); the sort is for a bare
+`pytest`. Within the folder, the test that scales the prefill pool (`scales_prefill`) and the
+one that starts its own Ray (`own_ray`) run last, in that order; every test here is marked
+`serve` here, not per file.
 
 Start-up, on 2 cores (most of this folder's time): `serve_session` imports the app's modules
 (vLLM's OpenAI server, ~9 s of CPU) in a thread while Ray and Serve start (mostly waiting on
@@ -23,61 +26,32 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 from tests.conftest import TEST_STATE
+from tests.support.serve_graph import AUTOSCALING_LOG, ServeGraph, free_port, serve_config
 
-MODEL_NAME = "tiny-llama"
-DECODE_REPLICAS = 2  # two, so pinning (n > 1 samples, where a stream runs) is observable
-PREFILL_TIMEOUT_S = 2.0  # short: the prefill-timeout test waits it out
 HERE = Path(__file__).resolve().parent
-AUTOSCALING_LOG = TEST_STATE / "serve-autoscaling-decisions.jsonl"
-# The prefill pool autoscales 1..2, quickly, on queued prompt tokens (test_zz_autoscaling.py);
-# one 17-token prompt waiting out the prefill timeout (3.5 s) is far below the target, and no
-# other test here queues 128 tokens for the 1 s upscale delay. A 1 s window and 1 s downscale
-# delay: the scale-down follows idleness within ~2 s (the test's load leaves no doubt either way).
-PREFILL_AUTOSCALING = {"min_replicas": 1, "max_replicas": 2, "target_queued_prompt_tokens": 128,
-                       "upscale_delay_s": 1, "downscale_delay_s": 1, "cooldown_s": 2,
-                       "look_back_s": 1, "metrics_interval_s": 0.5, "decision_log": str(AUTOSCALING_LOG)}
+# The other tests count on one prefill replica; the benchmark's Ray should overlap this folder's least.
+LAST = ("scales_prefill", "own_ray")
 
 
 def pytest_collection_modifyitems(config, items):
-    items.sort(key=lambda item: Path(str(item.fspath)).resolve().parent != HERE)
+    def here(item) -> bool:
+        return Path(str(item.fspath)).resolve().parent == HERE
 
+    def rank(item) -> tuple[bool, int]:
+        names = item.fixturenames if here(item) else ()
+        return not here(item), next((i for i, name in enumerate(LAST, 1) if name in names), 0)
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def serve_config(model_dir: Path, gateway_port: int, metrics_port: int):
-    from cluster.config import ClusterConfig
-
-    engine = {"kv_cache_memory_bytes": 16 << 20, "max_num_seqs": 8, "block_size": 16}
-    pool = {"num_cpus": 0, "engine": engine}
-    return ClusterConfig.model_validate({
-        "model": {"path": str(model_dir), "name": MODEL_NAME, "dtype": "float32", "max_model_len": 512},
-        "gateway": {"host": "127.0.0.1", "port": gateway_port},
-        "tiers": {"interactive": {"prefill": {"replicas": 1, "autoscaling": PREFILL_AUTOSCALING, **pool},
-                                  "decode": {"replicas": DECODE_REPLICAS, **pool}}},
-        "kv_transfer": {"prefill_timeout_s": PREFILL_TIMEOUT_S},
-        "routing": {"disaggregation": "always"},  # every request takes the P/D path
-        "ray": {"num_cpus": 2, "metrics_export_port": metrics_port},
-    })
-
-
-@dataclass(frozen=True)
-class ServeGraph:
-    url: str
-    cfg: object
-    vocab_size: int
+    for item in items:
+        if here(item):
+            item.add_marker(pytest.mark.serve)
+    items.sort(key=rank)
 
 
 @pytest.fixture(scope="package")
@@ -100,7 +74,7 @@ def serve_session(tiny_model_dir):
     if ray.is_initialized():  # a driver connects to one Ray cluster; ours is a new one
         ray.shutdown()
     _reload_ray_settings()
-    cfg = serve_config(tiny_model_dir, _free_port(), _free_port())
+    cfg = serve_config(tiny_model_dir, free_port(), free_port())
     url = f"http://127.0.0.1:{cfg.gateway.port}"
     vocab = json.loads((Path(tiny_model_dir) / "config.json").read_text())["vocab_size"]
     AUTOSCALING_LOG.parent.mkdir(parents=True, exist_ok=True)
@@ -156,19 +130,12 @@ def graph(serve_session) -> ServeGraph:
     return serve_session.result()
 
 
-def replica_stats(pool: str, replicas: int) -> dict:
-    """{worker_id: FakeEngineStats} of every replica of a pool ("prefill", "decode"): a handle
-    call lands on a replica Serve picks, so this asks until it has heard from each."""
-    from ray import serve
 
-    from cluster.types import APP_NAME, PoolId
+@pytest.fixture
+def scales_prefill() -> None:
+    """Used by a test that scales the prefill pool: it runs after those counting on one replica."""
 
-    handle = serve.get_deployment_handle(PoolId("interactive", pool).deployment_name, app_name=APP_NAME)
-    seen: dict = {}
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        stats = handle.stats.remote().result()
-        seen[stats.worker_id] = stats
-        if len(seen) == replicas:
-            return seen
-    raise AssertionError(f"heard from {sorted(seen)} only, expected {replicas} replicas of {pool}")
+
+@pytest.fixture
+def own_ray() -> None:
+    """For a test that starts a Ray instance of its own beside this folder's."""

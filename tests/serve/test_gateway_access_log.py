@@ -11,7 +11,7 @@ from pathlib import Path
 
 import httpx
 
-from tests.serve.conftest import MODEL_NAME
+from tests.support.serve_graph import MODEL_NAME
 
 
 def _serve_logs() -> Path:

@@ -12,9 +12,8 @@ import httpx
 import pytest
 
 from cluster.engine.fake import fake_tokens
-from tests.serve.conftest import DECODE_REPLICAS, MODEL_NAME, PREFILL_TIMEOUT_S, replica_stats
+from tests.support.serve_graph import DECODE_REPLICAS, MODEL_NAME, PREFILL_TIMEOUT_S, replica_stats
 
-pytestmark = pytest.mark.serve
 
 PROMPT = [17, 42, 99, 7, 250, 31, 64, 12, 88, 140, 23, 5, 77, 190, 46, 61, 33]  # 17 ids: 1 full block + 1
 
@@ -174,7 +173,7 @@ def test_the_gateway_answers_its_own_routes(graph, route):
 
 def test_a_short_answer_runs_whole_on_the_prefill_replica(graph, monkeypatch):
     """The decider's "whole" path through the real prefill replica (PrefillWorker.generate),
-    the request path built in this process (tests/pd_path.py) with an adaptive router whose
+    the request path built in this process (tests/support/pd_path.py) with an adaptive router whose
     whole-on-prefill bound is on (the graph's own gateway disaggregates always)."""
     import asyncio
     import uuid
@@ -183,7 +182,7 @@ def test_a_short_answer_runs_whole_on_the_prefill_replica(graph, monkeypatch):
 
     from cluster.protocol import EngineRequest, new_token_ids
     from router.routing.decider import Objectives, PDDecider
-    from tests.pd_path import TIER, in_process_path, prefill_idle, ready, record_verdicts
+    from tests.support.pd_path import TIER, in_process_path, prefill_idle, ready, record_verdicts
 
     verdicts = record_verdicts(monkeypatch)
     path = in_process_path(decider=PDDecider(mode="adaptive", whole_on_prefill_max_tokens=16), prefill_timeout_s=30,

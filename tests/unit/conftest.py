@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.redis_server import RedisServer, running
+from tests.support.redis_server import RedisServer, running
 
 
 @pytest.fixture

@@ -14,7 +14,7 @@ from router.admission import AdmissionControl, TierGate
 from router.concurrency_limit import AdaptiveLimit
 from router.openai.errors import OpenAIError
 from tests.conftest import REPO
-from tests.fakes import FakeBackend
+from tests.support.fakes import FakeBackend
 
 LIMITS = {"interactive": AdmissionConfig(max_running=2, max_queued=1, queue_timeout_s=5, retry_after_s=3),
           "batch": AdmissionConfig(max_running=1, max_queued=1, queue_timeout_s=5, retry_after_s=7)}
@@ -269,12 +269,12 @@ def test_batch_load_never_degrades_interactive_admission():
     asyncio.run(main())
 
 
-# -- over HTTP: the real edge (build_openai_app, tests/unit/openai_helpers.py). Its imports stay
+# -- over HTTP: the real edge (build_openai_app, tests/support/openai_helpers.py). Its imports stay
 # in here so the tests above do not depend on the edge's test helpers.
 
 
 def test_over_the_bound_is_429_with_retry_after_over_http():
-    from tests.unit.openai_helpers import MODEL, assert_openai_error, make_client
+    from tests.support.openai_helpers import MODEL, assert_openai_error, make_client
 
     backend = FakeBackend()
     admission = AdmissionControl(backend, {"interactive": AdmissionConfig(max_running=1, max_queued=0,

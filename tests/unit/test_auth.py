@@ -8,8 +8,8 @@ import pytest
 
 from cluster.config import ClusterConfig
 from router.auth import ApiKeyAuth
-from tests.fakes import FakeBackend
-from tests.unit.openai_helpers import MODEL, assert_openai_error, make_client
+from tests.support.fakes import FakeBackend
+from tests.support.openai_helpers import MODEL, assert_openai_error, make_client
 
 ACME_KEY = "sk-acme-0123456789"
 NIGHTLY_KEY = "sk-nightly-0123456789"

@@ -9,7 +9,7 @@ import pytest
 
 from cluster.coalesce import coalesced
 from cluster.protocol import finish_reason, merge_outputs, new_token_ids
-from tests.fakes import fake_output
+from tests.support.fakes import fake_output
 
 
 def join(items):

@@ -1,9 +1,9 @@
-"""How the differential test compares tandem's answer with vLLM's (tests/integration/compat.py)."""
+"""How the differential test compares tandem's answer with vLLM's (tests/support/compat.py)."""
 
 from __future__ import annotations
 
 from loadtest.measure.sse import read_events
-from tests.integration.compat import Difference, Entry, Outcome, answer, judge, key_paths, shape
+from tests.support.compat import Difference, Entry, Outcome, answer, judge, key_paths, shape
 
 CHAT = "/v1/chat/completions"
 

@@ -1,6 +1,6 @@
 """The decider's verdict through DisaggregatedBackend: local prompts never touch the prefill
 pool, remote ones take the prefill hop, and a burst that queues the prefill engine sends some
-requests local without failing any (fake Serve pools, tests/fakes.py)."""
+requests local without failing any (fake Serve pools, tests/support/fakes.py)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from router.routing.decider import Objectives, PDDecider
 from router.routing.directory import PoolDirectory, ReplicaInfo
 from cluster.types import RoutingStats
 from router.routing.service import KVRouter
-from tests.fakes import FakeServePool
+from tests.support.fakes import FakeServePool
 
 TIER = "interactive"
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from tests.integration.direct_vllm import direct_vllm_command, direct_vllm_environment
+from tests.support.direct_vllm import direct_vllm_command, direct_vllm_environment
 
 
 def _flag(cmd: list[str], name: str) -> str:

@@ -21,7 +21,7 @@ from router.pd.path import DisaggregatedBackend
 from router.routing.decider import PDDecider
 from router.routing.directory import PoolDirectory
 from router.routing.service import KVRouter
-from tests.fakes import FakeServePool
+from tests.support.fakes import FakeServePool
 
 TIER = "interactive"
 

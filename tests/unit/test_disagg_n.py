@@ -3,7 +3,7 @@ requests on one decode replica (the first pulls the KV, the others start after i
 output, from decode's prefix cache), vLLM's seeds (seed + i), outputs re-indexed per sample
 with one finish, aborts of every sample; and the prompt's logprobs, computed by the prefill,
 riding on the first output while no decode request asks for them again (fake Serve pools,
-tests/fakes.py)."""
+tests/support/fakes.py)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from vllm import SamplingParams
 
 from cluster.protocol import EngineRequest, finish_reason, new_token_ids
 from router.pd import samples as n_path
-from tests.fakes import RecordingMetric
+from tests.support.fakes import RecordingMetric
 from tests.unit.test_disagg_abort import TIER, make_backend
 
 PROMPT_LOGPROBS = [None, {2: -1.0}, {3: -2.0}]  # stands in for vLLM's per-position dicts

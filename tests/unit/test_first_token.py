@@ -14,7 +14,7 @@ from vllm.sampling_params import StructuredOutputsParams
 
 from cluster.protocol import EngineRequest, finish_reason, new_token_ids
 from kv_transfer.first_token import FirstTokenOffset, continuation, reuse_blocker, tokens_to_load
-from tests.fakes import fake_output
+from tests.support.fakes import fake_output
 from tests.unit.test_disagg_abort import make_backend
 
 
@@ -121,7 +121,7 @@ def test_the_prefill_token_goes_first_and_decode_continues_after_it():
 
 
 def test_an_answer_that_ends_on_the_first_token_never_calls_decode(monkeypatch):
-    from tests import fakes
+    from tests.support import fakes
 
     backend, pools = make_backend()
     original = fakes._FakeMethod._answer

@@ -1,7 +1,7 @@
 """Rule 9 of the P/D decider (router/routing/decider.py): the prefill's sampled token is reused
 as the answer's first only where the handoff gap it puts after that token keeps the request
 within its objectives, or where waiting for decode's first token would miss the TTFT one. As a
-pure function, then through DisaggregatedBackend over fake Serve pools (tests/fakes.py)."""
+pure function, then through DisaggregatedBackend over fake Serve pools (tests/support/fakes.py)."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ from cluster.protocol import EngineRequest, new_token_ids
 from router.pd import path as disagg
 from router.routing.cost_model import EngineCostModel
 from router.routing.decider import DecodeView, Objectives, PDDecider, PrefillView, RequestView, decide
-from tests.fakes import RecordingMetric
-from tests.pd_path import fake_pd_path
+from tests.support.fakes import RecordingMetric
+from tests.support.pd_path import fake_pd_path
 
 TIER = "interactive"
 SLO = Objectives(ttft_s=2.0, itl_s=0.1, gap_s=0.2)

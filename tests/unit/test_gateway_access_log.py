@@ -10,8 +10,8 @@ import pytest
 from starlette.testclient import TestClient
 
 from router.openai.server import AccessLog
-from tests.fakes import FakeBackend
-from tests.unit.openai_helpers import MODEL, edge_app
+from tests.support.fakes import FakeBackend
+from tests.support.openai_helpers import MODEL, edge_app
 
 
 class _Lines(logging.Handler):

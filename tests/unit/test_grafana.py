@@ -3,7 +3,7 @@
 The pure part (reading the dashboards, payloads, folder uids, turning failures into messages)
 runs everywhere. The push itself goes through grafana-client, the `grafana` extra, which is
 kept out of the cluster's venv (its urllib3-future replaces urllib3): those tests run against
-a fake Grafana HTTP server (tests/fakes.py) where grafana-client is installed, e.g.
+a fake Grafana HTTP server (tests/support/fakes.py) where grafana-client is installed, e.g.
     python -m venv /tmp/gf && /tmp/gf/bin/pip install 'grafana-client==5.1.4' pytest ...
 and are skipped, with that reason, elsewhere."""
 
@@ -18,7 +18,7 @@ import pytest
 
 from cluster import cli, grafana
 from tests.conftest import REPO
-from tests.fakes import FakeGrafana
+from tests.support.fakes import FakeGrafana
 
 TOKEN = "glsa_s3cret-token-value"
 CHART_DASHBOARDS = REPO / "deploy" / "helm" / "tandem" / "dashboards"

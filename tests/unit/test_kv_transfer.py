@@ -144,7 +144,7 @@ class _RecordingEngine:
         return merge_outputs(outputs)
 
     async def generate(self, request, params):
-        from tests.fakes import fake_output
+        from tests.support.fakes import fake_output
 
         self.params.append(params)
         yield fake_output(request.request_id, "x", [1], "length")

@@ -15,7 +15,7 @@ from cluster.protocol import EngineRequest, finish_reason
 from router import request_metrics
 from router.openai.errors import too_many_requests
 from router.request_metrics import MeasuredBackend, outcome_of, route_label
-from tests.fakes import FakeBackend, RecordingMetric, RecordingRayGauge
+from tests.support.fakes import FakeBackend, RecordingMetric, RecordingRayGauge
 
 
 def test_labels_must_match_the_declared_names():

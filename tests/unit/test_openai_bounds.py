@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from router.openai import bounds
-from tests.unit.openai_helpers import MODEL, assert_openai_error, make_client
+from tests.support.openai_helpers import MODEL, assert_openai_error, make_client
 
 CHAT = [{"role": "user", "content": "hi"}]
 

@@ -15,8 +15,8 @@ from typing import Any, Optional
 import pytest
 from starlette.requests import ClientDisconnect
 
-from tests.fakes import FakeBackend
-from tests.unit.openai_helpers import MODEL, edge_app
+from tests.support.fakes import FakeBackend
+from tests.support.openai_helpers import MODEL, edge_app
 
 
 class AsgiCall:

@@ -10,8 +10,8 @@ import pytest
 
 from router.openai.context import Caller
 from router.openai.errors import OpenAIError, too_many_requests
-from tests.fakes import FakeBackend
-from tests.unit.openai_helpers import MODEL, TIER, assert_openai_error, make_client, sse_events
+from tests.support.fakes import FakeBackend
+from tests.support.openai_helpers import MODEL, TIER, assert_openai_error, make_client, sse_events
 
 CHAT = [{"role": "user", "content": "hello there"}]
 
@@ -156,7 +156,7 @@ def test_the_models_generation_config_fills_omitted_sampling_settings(tmp_path) 
 
     from router.openai.app import build_openai_app, vllm_config_of, vllm_server_args
     from router.openai.engine_client import PDEngineClient
-    from tests.unit.openai_helpers import vllm_setup
+    from tests.support.openai_helpers import vllm_setup
 
     model = tmp_path / "tiny-with-defaults"
     shutil.copytree(vllm_setup()[0].model, model)

@@ -13,8 +13,8 @@ import pytest
 from cluster.config import GatewayConfig
 from router.openai.health import HealthCache
 from router.openai.hosts import HostAllowList, default_allowed_hosts
-from tests.fakes import FakeBackend
-from tests.unit.openai_helpers import MODEL, assert_openai_error, edge_app, make_client
+from tests.support.fakes import FakeBackend
+from tests.support.openai_helpers import MODEL, assert_openai_error, edge_app, make_client
 
 
 async def call(app: Any, path: str, body: Optional[bytes] = None, *, stall_after: Optional[int] = None,

@@ -20,7 +20,7 @@ from router.routing.decider import PDDecider
 from router.routing.directory import PoolDirectory, ReplicaInfo
 from cluster.types import RoutingStats
 from router.routing.service import KVRouter
-from tests.fakes import FakeBackend
+from tests.support.fakes import FakeBackend
 
 TOKENS = list(range(3, 3 + 4 * 9 + 2))  # 9 full blocks of 4 and a partial one
 
@@ -59,10 +59,10 @@ def test_isolation_defaults_to_isolate_with_keys_and_share_when_open():
     assert not AuthConfig(tenants={"a": {"tier": "interactive"}}, keys=keys, prefix_cache="share").isolates_prefix_cache()
 
 
-# Over HTTP, the real edge (build_openai_app, tests/unit/openai_helpers.py): its imports stay
+# Over HTTP, the real edge (build_openai_app, tests/support/openai_helpers.py): its imports stay
 # inside, so the other tests here do not depend on the edge's test helpers.
 def test_each_tenant_gets_its_own_salt_in_the_engine_request(tmp_path):
-    from tests.unit.openai_helpers import MODEL, make_client
+    from tests.support.openai_helpers import MODEL, make_client
 
     cfg = ClusterConfig.model_validate({
         "model": {"path": str(tmp_path)},

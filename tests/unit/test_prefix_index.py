@@ -10,7 +10,7 @@ import pytest
 from router.kv_events import KVEventSubscriber, decode_batch
 from router.prefix_index import AllBlocksCleared, BlockRemoved, BlockStored, MemoryPrefixIndex
 from cluster.engine.fake_kv_events import KVEventPublisher
-from tests.fakes import removed, stored
+from tests.support.fakes import removed, stored
 
 
 def check_index_semantics(index) -> None:

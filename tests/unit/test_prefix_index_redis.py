@@ -13,7 +13,7 @@ from router.hashing import BlockHasher
 from router.kv_events import KVEventSubscriber
 from router.prefix_index import BlockStored, IndexUnavailable, make_index
 from cluster.engine.fake_kv_events import KVEventPublisher
-from tests.fakes import stored
+from tests.support.fakes import stored
 from tests.unit.test_prefix_index import check_index_semantics, wait_for
 from tests.unit.test_routing import PROMPT, kv_router, request
 

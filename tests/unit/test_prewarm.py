@@ -10,7 +10,7 @@ from router.pd.prewarm import HandshakeWarmer
 from router.routing.decider import PDDecider
 from router.routing.directory import PoolDirectory, ReplicaInfo
 from router.routing.service import KVRouter
-from tests.fakes import FakeServePool
+from tests.support.fakes import FakeServePool
 from cluster.types import TierPools
 
 TIER = "interactive"

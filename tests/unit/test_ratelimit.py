@@ -11,8 +11,8 @@ from cluster.config import ClusterConfig
 from router.auth import ApiKeyAuth
 from router.openai.errors import OpenAIError
 from router.ratelimit import RateLimit, RateLimiter, TenantLimiter, TokenBucket
-from tests.fakes import FakeBackend
-from tests.unit.openai_helpers import MODEL, assert_openai_error, make_client
+from tests.support.fakes import FakeBackend
+from tests.support.openai_helpers import MODEL, assert_openai_error, make_client
 
 
 class Clock:

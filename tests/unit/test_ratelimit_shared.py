@@ -17,9 +17,9 @@ from router.auth import ApiKeyAuth
 from router.openai.errors import OpenAIError
 from router.ratelimit import RateLimit, RateLimiter
 from router.ratelimit_shared import SharedRateLimiter, rate_limiter_from_config
-from tests.fakes import FakeBackend
-from tests.unit.openai_helpers import MODEL, assert_openai_error, edge_app
-from tests.redis_server import RedisServer
+from tests.support.fakes import FakeBackend
+from tests.support.openai_helpers import MODEL, assert_openai_error, edge_app
+from tests.support.redis_server import RedisServer
 
 LIMITS = {"acme": RateLimit(requests_per_minute=3, tokens_per_minute=100), "free": RateLimit()}
 

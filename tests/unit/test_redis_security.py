@@ -15,7 +15,7 @@ from cluster.config import ClusterConfig
 from router.prefix_index import BlockStored, IndexUnavailable, make_index
 from router.prefix_index.redis_index import RedisAuthError, RedisTLS, client_kwargs
 from router.routing.build import build_kv_router
-from tests.redis_server import RedisServer, running
+from tests.support.redis_server import RedisServer, running
 
 PASSWORD = "s3cret-redis-password-4711"
 

@@ -11,8 +11,8 @@ import logging
 from cluster.config import ClusterConfig
 from router.auth import ApiKeyAuth
 from router.ratelimit import RateLimiter
-from tests.fakes import FakeBackend
-from tests.unit.openai_helpers import MODEL, make_client
+from tests.support.fakes import FakeBackend
+from tests.support.openai_helpers import MODEL, make_client
 
 FILE_KEY = "sk-file-5f2a9c0d1e7b"
 ENV_KEY = "sk-env-8e1d3b7a6c45"

@@ -1,6 +1,6 @@
 """A short answer runs whole on the prefill engine (the decider's "whole" path, rule 7): the
 decision as a pure function, then through DisaggregatedBackend over fake Serve pools
-(tests/fakes.py): the one hop it takes, its fallback to decode before its first token, and
+(tests/support/fakes.py): the one hop it takes, its fallback to decode before its first token, and
 the router's queue accounting left empty."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from cluster.protocol import EngineRequest, new_token_ids
 from router.routing.cost_model import EngineCostModel
 from router.routing.decider import DecodeView, Objectives, PDDecider, PrefillView, RequestView, decide
 from router.routing.service import KVRouter
-from tests.pd_path import fake_pd_path
+from tests.support.pd_path import fake_pd_path
 
 TIER = "interactive"
 SLO = Objectives(ttft_s=1.0, itl_s=0.1, gap_s=0.2)

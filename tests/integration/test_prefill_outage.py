@@ -9,9 +9,9 @@ import httpx
 import psutil
 import pytest
 
-from tests.integration.conftest import MODEL_NAME, metric, wait_for_metric
+from tests.support.integration_cluster import MODEL_NAME, metric, wait_for_metric
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(1500)]
+pytestmark = pytest.mark.timeout(1500)
 
 BODY = {"model": MODEL_NAME, "prompt": "After the outage the cluster", "max_tokens": 8, "temperature": 0}
 
@@ -48,6 +48,7 @@ def _alive(proc: psutil.Process) -> bool:
         return False
 
 
+@pytest.mark.usefixtures("removes_prefill")
 def test_requests_complete_while_prefill_is_down_and_after_it_returns(base_url):
     baseline = httpx.post(f"{base_url}/v1/completions", json=BODY, timeout=120)
     assert baseline.status_code == 200

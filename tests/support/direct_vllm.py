@@ -5,7 +5,7 @@ the reference tandem is held to.
 It is started the way the integration cluster's engines are configured
 (tests/integration/conftest.py, integration_config): same served name, dtype, context length,
 KV cache size, batch size, eager mode, xgrammar without free JSON whitespace, and the hermes
-tool parser. Register it with `pytest_plugins = ["tests.integration.direct_vllm"]`.
+tool parser. Register it with `pytest_plugins = ["tests.support.direct_vllm"]`.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ def direct_vllm_command(model_dir: Path, port: int = DIRECT_VLLM_PORT) -> list[s
     """The api_server command line, built from what integration_config gives the test
     cluster's decode engines, so the two cannot drift apart."""
     # Imported here: tests/integration/conftest.py may import this module's fixture.
-    from tests.integration.conftest import integration_config
+    from tests.support.integration_cluster import integration_config
 
     cfg = integration_config(model_dir)
     model, engine = cfg.model, cfg.tiers[cfg.default_tier].decode.engine

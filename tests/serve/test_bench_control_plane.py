@@ -25,7 +25,6 @@ import pytest
 
 from tests.conftest import REPO, TEST_STATE
 
-pytestmark = pytest.mark.serve
 
 TANDEM_KINDS = {"gateway", "Serve proxy", "prefill replica", "decode replica", "Serve controller", "Ray core",
                 "other", "total"}
@@ -49,6 +48,7 @@ def run_benchmark(args: list[str], timeout_s: float) -> subprocess.CompletedProc
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, "")
 
 
+@pytest.mark.usefixtures("own_ray")
 def test_control_plane_benchmark_smoke(tmp_path, tiny_model_dir):
     out = tmp_path / "control_plane.json"
     done = run_benchmark(

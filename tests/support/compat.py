@@ -5,7 +5,7 @@ Pure functions apart from `send`: the corpus is loaded and checked with pydantic
 is reduced to its status, its body's shape (the set of key paths, values ignored except the
 `type`/`object` tags) and its greedy "answer" (texts, tool calls, token ids, usage), and
 `judge` lists what differs. tests/integration/test_compat_differential.py runs it against the
-two servers; tests/integration/compat_table.py renders README's table from the same corpus.
+two servers; tests/support/compat_table.py renders README's table from the same corpus.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from pydantic import BaseModel, ConfigDict, model_validator
 
 from loadtest.measure.sse import read_events
 
-CORPUS_DIR = Path(__file__).resolve().parent / "compat_corpus"
+CORPUS_DIR = Path(__file__).resolve().parents[1] / "integration" / "compat_corpus"
 SHAPE_DEPTH = 5
 # Dicts keyed by data (token strings, token ids, routes), not by field names: one "*" key.
 DYNAMIC_KEYS = ("choices[].logprobs.top_logprobs[]", "prompt_logprobs[]", "choices[].prompt_logprobs[]")

@@ -13,10 +13,9 @@ import time
 import httpx
 import pytest
 
-from tests.closed_loop import ClosedLoop, running_replicas, wait_for
-from tests.serve.conftest import AUTOSCALING_LOG, MODEL_NAME, replica_stats
+from tests.support.closed_loop import ClosedLoop, running_replicas, wait_for
+from tests.support.serve_graph import AUTOSCALING_LOG, MODEL_NAME, replica_stats
 
-pytestmark = pytest.mark.serve
 
 POOL = "interactive-prefill"
 
@@ -37,6 +36,7 @@ def fake_load(url: str, clients: int, prompt_tokens: int, prefill_s: float) -> C
     return ClosedLoop(clients, send, join_timeout_s=30)
 
 
+@pytest.mark.usefixtures("scales_prefill")
 def test_queued_prompt_tokens_scale_prefill_up_and_idleness_back_down(graph):
     assert running_replicas(POOL) == 1
     step_wall = time.time()

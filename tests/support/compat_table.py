@@ -1,6 +1,6 @@
 """README's OpenAI compatibility table, rendered from the differential test's corpus
 (tests/integration/compat_corpus/): one row per feature, "same as vLLM" unless an entry of it
-documents a difference. `python -m tests.integration.compat_table` rewrites the table between
+documents a difference. `python -m tests.support.compat_table` rewrites the table between
 the markers in README.md; tests/unit/test_compat_table.py fails when README's table is not
 what this renders, so the table cannot drift from what the differential test checks.
 """
@@ -10,7 +10,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from tests.integration.compat import CORPUS_DIR, Entry, load_corpus
+from tests.support.compat import CORPUS_DIR, Entry, load_corpus
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 BEGIN = "<!-- compat-table:begin -->"
@@ -59,7 +59,7 @@ def main(argv: list[str]) -> int:
     new = spliced(text, render(load_corpus(CORPUS_DIR)))
     if "--check" in argv:
         if new != text:
-            print("README.md's compatibility table is stale: run python -m tests.integration.compat_table")
+            print("README.md's compatibility table is stale: run python -m tests.support.compat_table")
             return 1
         return 0
     if new != text:

@@ -14,7 +14,7 @@ from fastapi.testclient import TestClient
 
 from tests.conftest import TEST_STATE
 from router.openai.context import Caller
-from tests.fakes import FakeBackend
+from tests.support.fakes import FakeBackend
 
 MODEL = "tiny-llama"
 TIER = "interactive"

@@ -78,7 +78,7 @@ async def prefill_idle(path: InProcessPath, timeout_s: float = 60) -> None:
 
 
 def fake_pd_path(decider, objectives, prefill_timeout_s: float = 5.0, prefill_chunk_budget: int = 2048):
-    """The same path over fake Serve pools (tests/fakes.py FakeServePool), one replica each, an
+    """The same path over fake Serve pools (tests/support/fakes.py FakeServePool), one replica each, an
     idle prefill replica "p0" and decode replica "d0": (backend, pools, router). No Ray."""
     import random
 
@@ -86,7 +86,7 @@ def fake_pd_path(decider, objectives, prefill_timeout_s: float = 5.0, prefill_ch
     from router.pd.path import DisaggregatedBackend
     from router.routing.directory import PoolDirectory, ReplicaInfo
     from router.routing.service import KVRouter
-    from tests.fakes import FakeServePool
+    from tests.support.fakes import FakeServePool
 
     dirs = {(TIER, pool): PoolDirectory() for pool in ("prefill", "decode")}
     pools = TierPools(prefill=FakeServePool(dirs[(TIER, "prefill")], ["p0"]),

@@ -1,0 +1,72 @@
+"""tests/serve's Serve graph, as data and helpers: its config (FakeEngine in every replica,
+1 prefill and 2 decode replicas, the prefill pool autoscaling quickly) and how tests reach
+its replicas. The fixtures that start and stop it are in tests/serve/conftest.py."""
+
+from __future__ import annotations
+
+import socket
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from tests.conftest import TEST_STATE
+
+MODEL_NAME = "tiny-llama"
+DECODE_REPLICAS = 2  # two, so pinning (n > 1 samples, where a stream runs) is observable
+PREFILL_TIMEOUT_S = 2.0  # short: the prefill-timeout test waits it out
+AUTOSCALING_LOG = TEST_STATE / "serve-autoscaling-decisions.jsonl"
+# The prefill pool autoscales 1..2, quickly, on queued prompt tokens (test_autoscaling.py);
+# one 17-token prompt waiting out the prefill timeout (3.5 s) is far below the target, and no
+# other test here queues 128 tokens for the 1 s upscale delay. A 1 s window and 1 s downscale
+# delay: the scale-down follows idleness within ~2 s (the test's load leaves no doubt either way).
+PREFILL_AUTOSCALING = {"min_replicas": 1, "max_replicas": 2, "target_queued_prompt_tokens": 128,
+                       "upscale_delay_s": 1, "downscale_delay_s": 1, "cooldown_s": 2,
+                       "look_back_s": 1, "metrics_interval_s": 0.5, "decision_log": str(AUTOSCALING_LOG)}
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def serve_config(model_dir: Path, gateway_port: int, metrics_port: int):
+    from cluster.config import ClusterConfig
+
+    engine = {"kv_cache_memory_bytes": 16 << 20, "max_num_seqs": 8, "block_size": 16}
+    pool = {"num_cpus": 0, "engine": engine}
+    return ClusterConfig.model_validate({
+        "model": {"path": str(model_dir), "name": MODEL_NAME, "dtype": "float32", "max_model_len": 512},
+        "gateway": {"host": "127.0.0.1", "port": gateway_port},
+        "tiers": {"interactive": {"prefill": {"replicas": 1, "autoscaling": PREFILL_AUTOSCALING, **pool},
+                                  "decode": {"replicas": DECODE_REPLICAS, **pool}}},
+        "kv_transfer": {"prefill_timeout_s": PREFILL_TIMEOUT_S},
+        "routing": {"disaggregation": "always"},  # every request takes the P/D path
+        "ray": {"num_cpus": 2, "metrics_export_port": metrics_port},
+    })
+
+
+@dataclass(frozen=True)
+class ServeGraph:
+    url: str
+    cfg: object
+    vocab_size: int
+
+
+
+def replica_stats(pool: str, replicas: int) -> dict:
+    """{worker_id: FakeEngineStats} of every replica of a pool ("prefill", "decode"): a handle
+    call lands on a replica Serve picks, so this asks until it has heard from each."""
+    from ray import serve
+
+    from cluster.types import APP_NAME, PoolId
+
+    handle = serve.get_deployment_handle(PoolId("interactive", pool).deployment_name, app_name=APP_NAME)
+    seen: dict = {}
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        stats = handle.stats.remote().result()
+        seen[stats.worker_id] = stats
+        if len(seen) == replicas:
+            return seen
+    raise AssertionError(f"heard from {sorted(seen)} only, expected {replicas} replicas of {pool}")

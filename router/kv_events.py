@@ -31,7 +31,7 @@ from typing import Callable, Iterable, Optional
 import msgspec
 import zmq
 
-from router.hashing import external_hash
+from cluster.hashing import external_hash
 from router.prefix_index import AllBlocksCleared, BlockRemoved, BlockStored, IndexUnavailable, KVEvent, PrefixIndex
 
 log = logging.getLogger(__name__)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 import os
 from pathlib import Path
 from typing import Literal, Optional
@@ -84,11 +85,33 @@ class GatewayConfig(_Strict):
 
     def resolved_allowed_hosts(self) -> Optional[tuple[str, ...]]:
         """The allow-list to enforce; None: no Host check."""
-        from router.openai.hosts import default_allowed_hosts
-
         if self.allowed_hosts is not None:
             return self.allowed_hosts
         return default_allowed_hosts(self.host)
+
+
+_LOOPBACK_NAMES = ("localhost", "127.0.0.1", "[::1]")
+
+
+def default_allowed_hosts(host: str) -> Optional[tuple[str, ...]]:
+    """The allow-list for a gateway bound to `host`: its own name and the loopback names, on any
+    port (what defeats rebinding is the name: the attacker's page cannot send a loopback one).
+    None (no check) when it binds every interface: then the names it is reached by are the
+    deployment's (an ingress, a Service) and only gateway.allowed_hosts can list them."""
+    if host in ("0.0.0.0", "::", ""):
+        return None
+    names = {host, *_LOOPBACK_NAMES}
+    if _is_ipv6(host):
+        names.discard(host)
+        names.add(f"[{host}]")
+    return tuple(sorted(names))
+
+
+def _is_ipv6(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).version == 6
+    except ValueError:
+        return False
 
 
 class RedisTLSConfig(_Strict):

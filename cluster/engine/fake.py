@@ -18,7 +18,7 @@ Behaviour:
 - KV events: with `spec.kv_events_host` set (prefix caching on), a publisher speaking vLLM's
   ZMQ protocol (fake_kv_events.py: PUB + replay, bound on that host) sends a BlockStored for
   each full prompt block this engine computes or pulls for the first time, hashed as vLLM
-  hashes blocks (router/hashing.py, proven equal to a real engine's by
+  hashes blocks (cluster/hashing.py, proven equal to a real engine's by
   tests/integration/test_kv_router.py): the router's subscribers and prefix index follow a
   fake engine as they follow a real one. No eviction: nothing is ever removed.
 - Counters: the same vLLM metric names VLLMEngine reads (metrics.py), so stats, the metrics
@@ -52,7 +52,7 @@ from cluster.engine.base import CacheLayout, Engine, EngineInfo, EngineSpec, KVE
 from cluster.engine.fake_kv_events import KVEventPublisher, block_stored
 from cluster.engine.metrics import EngineStats, Readings
 from cluster.protocol import EngineRequest, PrefillResult
-from router.hashing import BlockHasher, engine_hash_seed
+from cluster.hashing import BlockHasher, engine_hash_seed
 
 FIRST_TOKEN_ID = 5  # below: the tiny model's special tokens
 RECENT = 1000  # request ids kept per list in stats

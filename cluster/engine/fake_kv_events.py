@@ -27,7 +27,7 @@ REPLAY_BUFFER = 10_000  # batches kept for replay (vLLM's default buffer_steps)
 
 def block_stored(block_hashes: Sequence[int], parent: Optional[int], token_ids: Sequence[int],
                  block_size: int) -> dict:
-    """A BlockStored event as vLLM encodes it (hashes in their integer form, router/hashing.py)."""
+    """A BlockStored event as vLLM encodes it (hashes in their integer form, cluster/hashing.py)."""
     return {"type": "BlockStored", "block_hashes": list(block_hashes), "parent_block_hash": parent,
             "token_ids": list(token_ids), "block_size": block_size, "lora_id": None, "medium": "CPU",
             "lora_name": None}

@@ -22,7 +22,7 @@ from cluster.protocol import EngineRequest, InvalidEngineRequest, PrefillResult,
 from kv_transfer.handoff import prefill_request_params
 from cluster.vllm_plugin import ENGINE_NICE
 from kv_transfer.nixl import kv_transfer_config, nixl_env
-from router.hashing import engine_hash_seed
+from cluster.hashing import engine_hash_seed
 
 log = logging.getLogger(__name__)
 

@@ -24,7 +24,7 @@ import msgspec
 
 from cluster.protocol import EngineRequest
 from loadtest.measure.percentiles import percentile
-from router.hashing import BlockHasher
+from cluster.hashing import BlockHasher
 from router.kv_events import decode_batch
 from router.prefix_index import BlockStored, MemoryPrefixIndex
 from router.routing.decider import PDDecider

@@ -1,21 +1,18 @@
-"""OpenAI-shaped errors and the FastAPI handlers that guarantee every failure uses them.
+"""OpenAI-shaped errors that tandem's own code raises: admission's 429, the edge's guards (body
+size, malformed JSON, no healthy pool), the P/D path's refusals.
 
-Clients (the openai SDK, aiperf, guidellm, Locust scripts) parse `{"error": {...}}` bodies
-and branch on the HTTP status, so every failure path of the edge, including FastAPI's own
-404/405/422 and unexpected exceptions, must produce that shape and never a stack trace.
+Clients (the openai SDK, aiperf, guidellm, Locust scripts) parse `{"error": {...}}` bodies and
+branch on the HTTP status. Everything else about errors (validation, unknown routes, the
+context length, unexpected exceptions) is vLLM's own server's (router/openai/app.py builds the
+edge on it), so those answers are vLLM's, word for word.
 """
 
 from __future__ import annotations
 
-import logging
-from typing import Any, Iterable, Mapping, Optional, Sequence
+from typing import Any, Mapping, Optional
 
-from fastapi import FastAPI, Request
-from fastapi.exceptions import RequestValidationError
+from fastapi import Request
 from fastapi.responses import JSONResponse
-from starlette.exceptions import HTTPException as StarletteHTTPException
-
-logger = logging.getLogger(__name__)
 
 REQUEST_ID_HEADER = "X-Request-Id"
 
@@ -69,33 +66,6 @@ def bad_request(message: str, param: Optional[str] = None, code: Optional[str] =
     return OpenAIError(400, message, "invalid_request_error", param, code)
 
 
-def not_found(model: str) -> OpenAIError:
-    return OpenAIError(
-        404,
-        f"The model `{model}` does not exist or you do not have access to it.",
-        "invalid_request_error",
-        "model",
-        "model_not_found",
-    )
-
-
-def context_length_exceeded(
-    max_model_len: int, prompt_tokens: int, max_tokens: int, param: str = "messages"
-) -> OpenAIError:
-    """400 that tells the client every number it needs to shorten its request."""
-    noun = "messages" if param == "messages" else "prompt"
-    return OpenAIError(
-        400,
-        f"This model's maximum context length is {max_model_len} tokens. However, you "
-        f"requested {prompt_tokens + max_tokens} tokens ({prompt_tokens} in the {noun}, "
-        f"{max_tokens} in the completion). Please reduce the length of the {noun} or "
-        f"completion.",
-        "invalid_request_error",
-        param,
-        "context_length_exceeded",
-    )
-
-
 def service_unavailable(
     message: str = "The service is temporarily unavailable; please retry.",
     retry_after_s: Optional[int] = None,
@@ -127,79 +97,6 @@ def payload_too_large(limit_bytes: int) -> OpenAIError:
     )
 
 
-def internal_error(request_id: Optional[str]) -> OpenAIError:
-    """Generic 500: details stay in the server log, the client gets an id to quote."""
-    suffix = f" (request id {request_id})" if request_id else ""
-    return OpenAIError(
-        500,
-        f"The server had an error while processing your request{suffix}. Please retry.",
-        "internal_error",
-        None,
-        "internal_error",
-    )
-
-
-def _param_path(loc: Iterable[Any]) -> str:
-    """('messages', 0, 'content') -> 'messages[0].content' (OpenAI's own notation)."""
-    out = ""
-    for part in loc:
-        if isinstance(part, int):
-            out += f"[{part}]"
-        else:
-            out += f".{part}" if out else str(part)
-    return out
-
-
-def from_validation_errors(errors: Sequence[Mapping[str, Any]]) -> OpenAIError:
-    """Turn pydantic's error list into one 400 naming the first offending field.
-
-    The first error is enough for a human; naming the field in `param` is what matters.
-    """
-    if not errors:
-        return bad_request("Invalid request.")
-    err = errors[0]
-    loc = list(err.get("loc", ()))
-    if loc and loc[0] == "body":  # FastAPI prefixes body fields with "body"
-        loc = loc[1:]
-    kind = err.get("type", "")
-    param = _param_path(loc) or None
-    if kind == "json_invalid":
-        return malformed_json()
-    if kind == "missing":
-        return bad_request(f"Missing required parameter: '{param}'.", param, "missing_required_parameter")
-    if kind == "extra_forbidden":
-        return bad_request(f"Unrecognized request argument supplied: {param}", param, "unknown_parameter")
-    if kind == "value_error":
-        cause = (err.get("ctx") or {}).get("error")
-        text = str(cause) if cause is not None else str(err.get("msg", "invalid value"))
-        return bad_request(f"Invalid value for '{param}': {text}", param, "invalid_value")
-    msg = str(err.get("msg", "invalid value"))
-    if kind.endswith("_type") and "input" in err:
-        msg += f", got {_json_type(err['input'])}"
-    if param is None:
-        return bad_request(f"Invalid request body: {msg}.")
-    return bad_request(f"Invalid value for '{param}': {msg}.", param, "invalid_value")
-
-
-def _json_type(value: Any) -> str:
-    """The JSON name of a decoded value, for messages like "expected an integer, got a string"."""
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "a boolean"
-    if isinstance(value, int):
-        return "an integer"
-    if isinstance(value, float):
-        return "a number"
-    if isinstance(value, str):
-        return "a string"
-    if isinstance(value, (list, tuple)):
-        return "an array"
-    if isinstance(value, dict):
-        return "an object"
-    return type(value).__name__
-
-
 def malformed_json(detail: str = "") -> OpenAIError:
     extra = f" ({detail})" if detail else ""
     return bad_request(
@@ -211,41 +108,3 @@ def malformed_json(detail: str = "") -> OpenAIError:
 def request_id_of(request: Request) -> Optional[str]:
     """The edge request id the middleware stored on the request, if any."""
     return getattr(request.state, "request_id", None)
-
-
-def install_exception_handlers(app: FastAPI) -> None:
-    """Route every failure FastAPI/Starlette can produce into the OpenAI error shape."""
-
-    async def on_openai_error(request: Request, exc: Exception) -> JSONResponse:
-        assert isinstance(exc, OpenAIError)
-        return exc.response(request_id_of(request))
-
-    async def on_validation_error(request: Request, exc: Exception) -> JSONResponse:
-        assert isinstance(exc, RequestValidationError)
-        return from_validation_errors(exc.errors()).response(request_id_of(request))  # 400, never 422
-
-    async def on_http_error(request: Request, exc: Exception) -> JSONResponse:
-        assert isinstance(exc, StarletteHTTPException)
-        status = exc.status_code
-        if status == 404:
-            message = f"Unknown request URL: {request.method} {request.url.path}."
-            code: Optional[str] = "unknown_url"
-        elif status == 405:
-            message = f"Method {request.method} is not allowed for {request.url.path}."
-            code = "method_not_allowed"
-        else:
-            message = str(exc.detail)
-            code = None
-        kind = "invalid_request_error" if status < 500 else "internal_error"
-        err = OpenAIError(status, message, kind, None, code, headers=exc.headers)
-        return err.response(request_id_of(request))
-
-    async def on_unexpected(request: Request, exc: Exception) -> JSONResponse:
-        request_id = request_id_of(request)
-        logger.error("unhandled error in request %s", request_id, exc_info=exc)
-        return internal_error(request_id).response(request_id)
-
-    app.add_exception_handler(OpenAIError, on_openai_error)
-    app.add_exception_handler(RequestValidationError, on_validation_error)
-    app.add_exception_handler(StarletteHTTPException, on_http_error)
-    app.add_exception_handler(Exception, on_unexpected)

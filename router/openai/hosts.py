@@ -7,12 +7,12 @@ the attack off; a cluster with no API keys is otherwise open to any page its use
 
 Entries are host names or addresses ("localhost", "10.0.0.5", "[::1]"), optionally with a
 port ("api.example:443"); a name without a port allows it on any port. "*" allows every host
-(a deployment behind an ingress that checks Host itself).
+(a deployment behind an ingress that checks Host itself). The default list for a bound
+address is the config's (cluster/config/services.py default_allowed_hosts).
 """
 
 from __future__ import annotations
 
-import ipaddress
 from typing import Iterable, Optional
 
 from starlette.datastructures import Headers
@@ -22,30 +22,6 @@ from router.openai.errors import OpenAIError
 
 # Probes (a kubelet sends the pod IP as Host) and nothing a rebinding page could use.
 EXEMPT_PATHS = frozenset({"/livez", "/health"})
-_LOOPBACK_NAMES = ("localhost", "127.0.0.1", "[::1]")
-
-
-def default_allowed_hosts(host: str) -> Optional[tuple[str, ...]]:
-    """The allow-list for a gateway bound to `host`: its own name and the loopback names, on any
-    port (what defeats rebinding is the name: the attacker's page cannot send a loopback one).
-    None (no check) when it binds every interface: then the names it is reached by are the
-    deployment's (an ingress, a Service) and only gateway.allowed_hosts can list them."""
-    if host in ("0.0.0.0", "::", ""):
-        return None
-    names = {host, *_LOOPBACK_NAMES}
-    if _is_ipv6(host):
-        names.discard(host)
-        names.add(f"[{host}]")
-    return tuple(sorted(names))
-
-
-def _is_ipv6(host: str) -> bool:
-    try:
-        return ipaddress.ip_address(host).version == 6
-    except ValueError:
-        return False
-
-
 def _split(host: str) -> tuple[str, Optional[str]]:
     """'Name:8000' → ('name', '8000'); '[::1]:8000' → ('[::1]', '8000'); no port → None."""
     host = host.strip().lower()

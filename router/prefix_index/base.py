@@ -13,7 +13,7 @@ Lifecycle and call order:
    replay could not fill: its entries are dropped and rebuilt from new events.
 
 Backends raise `IndexUnavailable` when their store cannot be reached; callers route on load
-alone then. Hashes are vLLM's integer block hashes (router/hashing.py).
+alone then. Hashes are vLLM's integer block hashes (cluster/hashing.py).
 """
 
 from __future__ import annotations

@@ -35,7 +35,7 @@ from typing import Callable, Iterator, Mapping, Optional
 from cluster.config import SLOConfig
 from cluster.protocol import EngineRequest
 from cluster.types import PoolId, RoutingStats
-from router.hashing import DEFAULT_SEED, BlockHasher
+from cluster.hashing import DEFAULT_SEED, BlockHasher
 from router.kv_events import KVEventSubscriber
 from router.prefix_index import IndexUnavailable, PrefixIndex
 from router.routing import metrics

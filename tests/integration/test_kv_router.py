@@ -15,7 +15,7 @@ import httpx
 import msgspec
 import zmq
 
-from router.hashing import BlockHasher
+from cluster.hashing import BlockHasher
 from tests.support.integration_cluster import MODEL_NAME, metric, replica_stats, wait_for_metric
 
 

@@ -190,7 +190,7 @@ def test_a_malformed_kv_frame_is_counted_and_the_index_rebuilt(base_url):
     import zmq
     from ray import serve
 
-    from router.hashing import BlockHasher
+    from cluster.hashing import BlockHasher
     from router.kv_events import KVEventSubscriber
     from router.prefix_index import MemoryPrefixIndex
 

@@ -142,7 +142,7 @@ def test_kv_events_of_a_fake_engine_are_what_the_router_hashes(salt):
     the prompt: full blocks only, once each."""
     import time
 
-    from router.hashing import BlockHasher
+    from cluster.hashing import BlockHasher
     from router.kv_events import KVEventSubscriber
     from router.prefix_index.memory import MemoryPrefixIndex
 

@@ -6,7 +6,13 @@ also those inside functions (an import moved into a function hides a circle, it 
 break it) and those under `if TYPE_CHECKING:` (they never run, but a circle of types is still
 two modules that each need the other to be read: router/disagg.py ↔ router/samples.py was one,
 issue 30). A package's implicit import of its parents is not an edge: a facade `__init__`
-re-exporting its modules (cluster/config/) is how Python packages work."""
+re-exporting its modules (cluster/config/) is how Python packages work.
+
+And the floors (issue 30): what runs in every process (the engine package, the protocol, the
+types, the config, the block hash) imports nothing above it, replicas never import the
+gateway's code, and the gateway never imports the deployments or the launcher. A rule names
+module prefixes; it holds when no module under `source` reaches one under `never`, directly
+or through others."""
 
 from __future__ import annotations
 
@@ -102,3 +108,50 @@ def test_find_cycle_finds_one_through_a_function_level_or_type_only_import():
 def test_no_import_circle_among_the_projects_modules():
     cycle = find_cycle(import_graph())
     assert cycle is None, "import circle: " + " → ".join(cycle or [])
+
+
+GROUND_FLOOR = ("cluster.engine", "cluster.protocol", "cluster.types", "cluster.config", "cluster.hashing",
+                "cluster.metrics", "cluster.vllm_metrics")
+LAUNCHER = ("cluster.app", "cluster.local", "cluster.cli", "cluster.console")
+NEVER = [
+    (GROUND_FLOOR, ("router", "loadtest", "deploy", "prefill_workers", "decode_workers", *LAUNCHER)),
+    (("prefill_workers", "decode_workers", "kv_transfer"), ("router", "loadtest", "deploy", *LAUNCHER)),
+    (("router",), ("prefill_workers", "decode_workers", "loadtest", "deploy", *LAUNCHER)),
+]
+
+
+def _under(module: str, prefixes: tuple[str, ...]) -> bool:
+    return any(module == p or module.startswith(p + ".") for p in prefixes)
+
+
+def broken_rules(graph: dict[str, set[str]]) -> list[str]:
+    """'a → b → c' for each module under a rule's source that reaches one under its `never`."""
+    found = []
+    for sources, never in NEVER:
+        for root in sorted(m for m in graph if _under(m, sources)):
+            parent = {root: None}
+            todo = [root]
+            while todo:
+                node = todo.pop()
+                for child in sorted(graph[node]):
+                    if child in parent:
+                        continue
+                    parent[child] = node
+                    if _under(child, never):
+                        chain = [child]
+                        while parent[chain[-1]] is not None:
+                            chain.append(parent[chain[-1]])
+                        found.append(" → ".join(reversed(chain)))
+                    else:
+                        todo.append(child)
+    return found
+
+
+def test_broken_rules_names_the_chain():
+    graph = {"cluster.engine.fake": {"cluster.util"}, "cluster.util": {"router.hashing"}, "router.hashing": set()}
+    assert broken_rules(graph) == ["cluster.engine.fake → cluster.util → router.hashing"]
+
+
+def test_each_floor_imports_nothing_above_it():
+    broken = broken_rules(import_graph())
+    assert not broken, "imports that cross a floor (tests/unit/test_import_graph.py NEVER):\n" + "\n".join(broken)

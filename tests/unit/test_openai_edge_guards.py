@@ -12,7 +12,8 @@ import pytest
 
 from cluster.config import GatewayConfig
 from router.openai.health import HealthCache
-from router.openai.hosts import HostAllowList, default_allowed_hosts
+from cluster.config.services import default_allowed_hosts
+from router.openai.hosts import HostAllowList
 from tests.support.fakes import FakeBackend
 from tests.support.openai_helpers import MODEL, assert_openai_error, edge_app, make_client
 

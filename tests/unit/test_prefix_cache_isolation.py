@@ -14,7 +14,7 @@ from vllm import SamplingParams
 from cluster.config import AuthConfig, ClusterConfig
 from cluster.protocol import EngineRequest
 from router.auth import ApiKeyAuth, cache_salt
-from router.hashing import DEFAULT_SEED, BlockHasher
+from cluster.hashing import DEFAULT_SEED, BlockHasher
 from router.prefix_index import BlockStored, MemoryPrefixIndex
 from router.routing.decider import PDDecider
 from router.routing.directory import PoolDirectory, ReplicaInfo

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from router.hashing import BlockHasher
+from cluster.hashing import BlockHasher
 from router.kv_events import KVEventSubscriber
 from router.prefix_index import BlockStored, IndexUnavailable, make_index
 from cluster.engine.fake_kv_events import KVEventPublisher

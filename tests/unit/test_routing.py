@@ -11,7 +11,7 @@ import pytest
 from vllm import SamplingParams
 
 from cluster.protocol import EngineRequest
-from router.hashing import BlockHasher, external_hash
+from cluster.hashing import BlockHasher, external_hash
 from router.prefix_index import BlockStored, IndexUnavailable, MemoryPrefixIndex
 from router.routing.decider import PDDecider
 from router.routing.directory import PoolDirectory, ReplicaInfo

@@ -115,15 +115,15 @@ def test_tandems_block_hash_seed_and_int_form_are_vllms():
     from vllm.config import CacheConfig
     from vllm.v1.core import kv_cache_utils
 
-    from router.hashing import DEFAULT_SEED, BlockHasher, external_hash
+    from cluster.hashing import DEFAULT_SEED, BlockHasher, external_hash
 
     assert kv_cache_utils.DEFAULT_NONE_HASH_SEED == DEFAULT_SEED, \
-        update("router/hashing.py", "vLLM's NONE_HASH seed without PYTHONHASHSEED changed")
+        update("cluster/hashing.py", "vLLM's NONE_HASH seed without PYTHONHASHSEED changed")
     assert CacheConfig.__dataclass_fields__["prefix_caching_hash_algo"].default == "sha256", \
-        update("router/hashing.py", "vLLM's default prefix-cache hash is no longer sha256")
+        update("cluster/hashing.py", "vLLM's default prefix-cache hash is no longer sha256")
     raw = BlockHasher(4).raw_hashes(list(range(8)))
     assert [kv_cache_utils.maybe_convert_block_hash(h) for h in raw] == [external_hash(h) for h in raw], \
-        update("router/hashing.py", "KV events carry block hashes in another integer form")
+        update("cluster/hashing.py", "KV events carry block hashes in another integer form")
 
 
 def test_vllms_kv_event_wire_format_is_what_the_router_decodes():

@@ -106,11 +106,12 @@ def _sampling_params(request: EngineRequest, *, max_tokens: int, kv_params: Opti
 
 
 def _prompt(request: EngineRequest) -> dict[str, Any]:
-    """vLLM's TokensPrompt of a request; the same in both hops (the cache salt too)."""
-    prompt: dict[str, Any] = {"prompt_token_ids": list(request.prompt_token_ids)}
-    if request.cache_salt:
-        prompt["cache_salt"] = request.cache_salt
-    return prompt
+    """The request's prompt as vLLM's rendered engine input (`type: "token"`), the same in both
+    hops (the cache salt too). Rendered, not a raw TokensPrompt: the gateway has tokenized and
+    checked it already, and vLLM 0.32 deprecates raw prompts to its InputProcessor."""
+    from vllm.inputs.engine import tokens_input
+
+    return tokens_input(list(request.prompt_token_ids), cache_salt=request.cache_salt or None)
 
 
 def _lean(output: Any) -> Any:

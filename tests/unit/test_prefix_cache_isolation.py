@@ -88,8 +88,8 @@ def test_both_hops_pass_the_salt_to_vllm():
     from cluster.engine.vllm import _prompt
 
     salted = EngineRequest("r", (1, 2), SamplingParams(max_tokens=1), cache_salt="s", tier="interactive")
-    assert _prompt(salted) == {"prompt_token_ids": [1, 2], "cache_salt": "s"}
-    assert _prompt(EngineRequest("r", (1, 2), SamplingParams(max_tokens=1), tier="interactive")) == {"prompt_token_ids": [1, 2]}
+    assert _prompt(salted) == {"type": "token", "prompt_token_ids": [1, 2], "cache_salt": "s"}
+    assert _prompt(EngineRequest("r", (1, 2), SamplingParams(max_tokens=1), tier="interactive")) == {"type": "token", "prompt_token_ids": [1, 2]}
 
 
 def test_the_router_finds_a_tenants_prefix_only_for_that_tenant():

@@ -18,10 +18,8 @@ import typing
 from pathlib import Path
 from typing import Any, Literal, Union
 
-import annotated_types
 from pydantic import BaseModel, SecretStr
 from pydantic.fields import FieldInfo
-from pydantic_core import PydanticUndefined
 
 from cluster.config.cluster_config import ClusterConfig
 
@@ -90,11 +88,11 @@ def _size(value: Any) -> Any:
 
 
 def _bounds(field: FieldInfo) -> str:
-    marks = ((annotated_types.Ge, "ge", "≥"), (annotated_types.Gt, "gt", ">"),
-             (annotated_types.Le, "le", "≤"), (annotated_types.Lt, "lt", "<"))
+    # pydantic keeps Field(ge=..., gt=...) as one metadata object per bound, named as the keyword.
+    marks = (("ge", "≥"), ("gt", ">"), ("le", "≤"), ("lt", "<"))
     show = _size if _is_size(field) else (lambda v: v)
     out = [f"{mark} {show(getattr(meta, attr))}" for meta in field.metadata
-           for kind, attr, mark in marks if isinstance(meta, kind)]
+           for attr, mark in marks if getattr(meta, attr, None) is not None]
     return f" ({', '.join(out)})" if out else ""
 
 
@@ -112,7 +110,7 @@ def _plain(value: Any) -> Any:
 
 
 def _default(field: FieldInfo) -> str:
-    if field.default is PydanticUndefined and field.default_factory is None:
+    if field.is_required():
         return "required"
     value = field.get_default(call_default_factory=True)
     if isinstance(value, BaseModel) and not value.model_dump(exclude_defaults=True):

@@ -15,16 +15,20 @@ from cluster.config.services import AuthConfig, GatewayConfig, KVTransferConfig,
 
 
 class ClusterConfig(_Strict):
-    model: ModelConfig
-    gateway: GatewayConfig = GatewayConfig()
-    tiers: dict[str, TierConfig] = Field(default_factory=lambda: {"interactive": TierConfig()})
-    # Tier of requests that name none. Unset: the first tier in the YAML. Helm loses YAML key
-    # order (values become Go maps), so the chart always sets it.
-    default_tier: Optional[str] = None
-    kv_transfer: KVTransferConfig = KVTransferConfig()
-    ray: RayConfig = RayConfig()
-    auth: AuthConfig = AuthConfig()
-    routing: RoutingConfig = RoutingConfig()
+    """The whole YAML: one file drives a local run (`tandem run --config FILE`) and the Helm chart."""
+
+    model: ModelConfig = Field(description="The one model every pool serves.")
+    gateway: GatewayConfig = Field(GatewayConfig(), description="The OpenAI API's edge.")
+    tiers: dict[str, TierConfig] = Field(
+        default_factory=lambda: {"interactive": TierConfig()},
+        description="Service tiers (e.g. interactive, batch) by name, each with its own prefill and decode pools.")
+    # Helm loses YAML key order (values become Go maps), so the chart always sets it.
+    default_tier: Optional[str] = Field(None, description="Tier of requests that name none. Unset: the first tier "
+                                                          "in the YAML.")
+    kv_transfer: KVTransferConfig = Field(KVTransferConfig(), description="The KV handoff between the pools.")
+    ray: RayConfig = Field(RayConfig(), description="The Ray cluster.")
+    auth: AuthConfig = Field(AuthConfig(), description="API keys, tenants, rate limits.")
+    routing: RoutingConfig = Field(RoutingConfig(), description="KV-aware routing and the P/D decider.")
 
     @model_validator(mode="before")
     @classmethod

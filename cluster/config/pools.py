@@ -18,13 +18,16 @@ class ModelConfig(_Strict):
         "auto", description="auto: the checkpoint's dtype on GPUs; on CPUs bfloat16 where the CPU has native bf16 "
                             "(AVX-512 BF16 or AMX), else float32 (emulated bf16 is slower), decided on each "
                             "engine's host.")
-    max_model_len: int = Field(2048, ge=16)
-    # vLLM tool parser for `tools` (e.g. hermes, llama3_json, mistral, pythonic); the gateway
-    # checks the name at start. None: requests that may call tools get a 400.
-    tool_parser: Optional[str] = Field(None, pattern=r"^[A-Za-z0-9_.-]+$")
-    # vLLM reasoning parser (e.g. deepseek_r1, qwen3): splits the model's reasoning from its
-    # answer (`reasoning` in responses, streamed), as `vllm serve --reasoning-parser` does.
-    reasoning_parser: Optional[str] = Field(None, pattern=r"^[A-Za-z0-9_.-]+$")
+    max_model_len: int = Field(2048, ge=16, description="The context window, the same on every pool (a KV handoff "
+                                                       "needs both sides alike).")
+    tool_parser: Optional[str] = Field(
+        None, pattern=r"^[A-Za-z0-9_.-]+$",
+        description="vLLM tool parser for `tools` (e.g. hermes, llama3_json, mistral, pythonic), checked at gateway "
+                    "start. None: requests that may call tools get a 400.")
+    reasoning_parser: Optional[str] = Field(
+        None, pattern=r"^[A-Za-z0-9_.-]+$",
+        description="vLLM reasoning parser (e.g. deepseek_r1, qwen3): splits the model's reasoning from its answer "
+                    "(`reasoning` in responses, streamed), as `vllm serve --reasoning-parser` does.")
 
     @property
     def hub_id(self) -> Optional[str]:
@@ -64,28 +67,33 @@ class EngineConfig(BaseModel):
 
     model_config = ConfigDict(extra="allow", frozen=True)
 
-    # Always explicit by default: vLLM on CPU otherwise claims a large share of RAM. null sizes
-    # the cache by gpu_memory_utilization (GPU).
-    kv_cache_memory_bytes: Optional[HumanInt] = Field(256 * MiB, ge=16 * MiB)
+    # Always explicit by default: vLLM on CPU otherwise claims a large share of RAM.
+    kv_cache_memory_bytes: Optional[HumanInt] = Field(
+        256 * MiB, ge=16 * MiB, description="The KV cache's size. null: sized by gpu_memory_utilization (GPU).")
     kv_cache_dtype: str = Field("auto", description="Part of the KV handoff's identity: prefill and decode must agree.")
     max_num_seqs: int = Field(32, ge=1, description="Also the base of autoscaling targets and Serve's request bound.")
     max_num_batched_tokens: Optional[HumanInt] = Field(None, ge=16, description="Also the router's token budget.")
-    # None: vLLM's default. True lets max_num_batched_tokens be below model.max_model_len.
-    enable_chunked_prefill: Optional[bool] = None
+    enable_chunked_prefill: Optional[bool] = Field(
+        None, description="None: vLLM's default. True lets max_num_batched_tokens be below model.max_model_len.")
     enable_prefix_caching: bool = Field(True, description="The KV-aware router follows the prefix cache.")
     enforce_eager: bool = Field(True, description="tandem's default, not vLLM's: a CPU engine starts in ~20 s, "
                                                   "not 40-90 s.")
-    block_size: Optional[int] = Field(None, ge=1)
-    tensor_parallel_size: int = Field(1, ge=1)
-    # e.g. {method: ngram, num_speculative_tokens: 3, prompt_lookup_max: 3}; decode pools only.
-    speculative_config: Optional[dict[str, Any]] = None
-    # e.g. {backend: xgrammar, disable_any_whitespace: true}; the gateway checks requests against it.
-    structured_outputs_config: dict[str, Any] = {}
+    block_size: Optional[int] = Field(None, ge=1, description="Part of the KV handoff's identity, and of the "
+                                                             "router's block hashes. None: vLLM's default.")
+    tensor_parallel_size: int = Field(1, ge=1, description="On GPUs at most the pool's num_gpus.")
+    speculative_config: Optional[dict[str, Any]] = Field(
+        None, description="vLLM's speculative decoding, e.g. {method: ngram, num_speculative_tokens: 3, "
+                          "prompt_lookup_max: 3}; decode pools only.")
+    structured_outputs_config: dict[str, Any] = Field(
+        {}, description="vLLM's, e.g. {backend: xgrammar, disable_any_whitespace: true}; the gateway checks "
+                        "requests against the default tier's decode pool's.")
 
-    # CPU hosts: the niceness of vLLM's EngineCore and worker (cluster/vllm_plugin.py). Above 0
-    # the gateway and Serve's proxy, on every token's path and sharing the cores, run first:
-    # smoother streams at low load, a slower engine under load (loadtest/bench/RESULTS.md 7).
-    cpu_niceness: int = Field(5, ge=0, le=19)
+    # The engine is on no token's path but shares the cores with what is (cluster/vllm_plugin.py).
+    cpu_niceness: int = Field(
+        5, ge=0, le=19,
+        description="tandem's own key. CPU hosts: the niceness of vLLM's EngineCore and worker. Above 0 the gateway, "
+                    "on every token's path, runs first: smoother streams at low load, a slower engine under load "
+                    "(0 on a decode pool that is the bottleneck; loadtest/bench/RESULTS.md section 7).")
 
     @model_validator(mode="after")
     def _check_combinations(self) -> "EngineConfig":
@@ -114,12 +122,12 @@ class PlacementConfig(_Strict):
     only on a node that has all these custom resources free and carries all these labels, so
     prefill and decode can live on different machines. Empty: anywhere."""
 
-    # Ray custom resources per replica, e.g. {"tandem-prefill": 1}; nodes advertise them with
-    # `ray start --resources '{"tandem-prefill": 8}'` (the Helm chart does this per worker group).
-    resources: dict[str, float] = {}
-    # Ray node labels the replica requires (Ray's label_selector), e.g. {"tandem.io/pool":
-    # "interactive-prefill"}; nodes get them with `ray start --labels k=v`.
-    node_labels: dict[str, str] = {}
+    resources: dict[str, float] = Field(
+        {}, description="Ray custom resources per replica, e.g. {tandem-prefill: 1}; nodes advertise them with "
+                        "`ray start --resources '{\"tandem-prefill\": 8}'` (the Helm chart does this per worker group).")
+    node_labels: dict[str, str] = Field(
+        {}, description="Ray node labels the replica requires (Ray's label_selector), e.g. {tandem.io/pool: "
+                        "interactive-prefill}; nodes get them with `ray start --labels k=v`.")
 
 
 class AutoscalingConfig(_Strict):
@@ -128,24 +136,22 @@ class AutoscalingConfig(_Strict):
     inter-token latency against the SLO. With it, the pool's `replicas` is the initial count."""
 
     min_replicas: int = Field(1, ge=1, description="At least 1: /health needs every pool, and a vLLM cold start takes tens of seconds.")
-    max_replicas: int = Field(2, ge=1)
-    # Pressure must last this long before a scale-up; idleness this long before a scale-down.
-    upscale_delay_s: float = Field(10.0, ge=0)
-    downscale_delay_s: float = Field(120.0, ge=0)
-    # After any change, hold: a new engine needs time to start and the signals to settle.
-    cooldown_s: float = Field(30.0, ge=0)
-    # Hysteresis: scale down only when the load would fill less than this share of one
-    # replica fewer (scale-up happens above 1.0), so steady load never flips back and forth.
-    scale_down_below: float = Field(0.5, gt=0, lt=1)
-    # Per-replica targets. Prefill reads the first; decode the other two.
-    target_queued_prompt_tokens: int = Field(4096, ge=1)
-    target_running_seqs: Optional[int] = Field(None, ge=1, description="Default: 3/4 of engine.max_num_seqs.")
-    target_kv_usage: float = Field(0.8, gt=0, le=1)
-    # Ray Serve's metric window and push period (seconds).
-    look_back_s: float = Field(10.0, gt=0)
-    metrics_interval_s: float = Field(2.0, gt=0)
-    # Append each tick's observation and decision here as JSON lines (tuning, replay tests).
-    decision_log: Optional[Path] = None
+    max_replicas: int = Field(2, ge=1, description="The most replicas the policy may ask for.")
+    upscale_delay_s: float = Field(10.0, ge=0, description="Pressure must last this long before a scale-up.")
+    downscale_delay_s: float = Field(120.0, ge=0, description="Idleness must last this long before a scale-down.")
+    cooldown_s: float = Field(30.0, ge=0, description="After any change, hold: a new engine needs time to start and "
+                                                      "the signals to settle.")
+    scale_down_below: float = Field(
+        0.5, gt=0, lt=1, description="Hysteresis: scale down only when the load would fill less than this share of "
+                                     "one replica fewer (scale-up happens above 1.0), so steady load never flips.")
+    target_queued_prompt_tokens: int = Field(4096, ge=1, description="Prefill's target per replica.")
+    target_running_seqs: Optional[int] = Field(None, ge=1, description="Decode's target per replica. Default: 3/4 "
+                                                                      "of engine.max_num_seqs.")
+    target_kv_usage: float = Field(0.8, gt=0, le=1, description="Decode's target KV cache usage per replica.")
+    look_back_s: float = Field(10.0, gt=0, description="Ray Serve's metric window (seconds).")
+    metrics_interval_s: float = Field(2.0, gt=0, description="How often replicas push their signals (seconds).")
+    decision_log: Optional[Path] = Field(None, description="Append each tick's observation and decision here as "
+                                                           "JSON lines (tuning, replay tests).")
 
     @model_validator(mode="after")
     def _check_bounds(self) -> "AutoscalingConfig":
@@ -155,16 +161,18 @@ class AutoscalingConfig(_Strict):
 
 
 class PoolConfig(_Strict):
-    replicas: int = Field(1, ge=0)
-    num_cpus: float = Field(1.0, ge=0)
-    num_gpus: float = Field(0.0, ge=0)
-    # CPU cores for the engine's OpenMP threads, one entry per replica slot (vLLM's
-    # VLLM_CPU_OMP_THREADS_BIND syntax, e.g. "0" or "2-3"). Engines sharing cores run 3-4x
-    # slower, so each replica gets its own. Ignored on GPU.
-    cpu_binding: tuple[str, ...] = ()
-    engine: EngineConfig = EngineConfig()
-    autoscaling: Optional[AutoscalingConfig] = None  # None: a fixed `replicas`
-    placement: PlacementConfig = PlacementConfig()
+    """One pool of a tier (its prefill or its decode deployment): each replica is one vLLM engine."""
+
+    replicas: int = Field(1, ge=0, description="Replicas; with autoscaling, the initial count.")
+    num_cpus: float = Field(1.0, ge=0, description="Ray CPUs per replica.")
+    num_gpus: float = Field(0.0, ge=0, description="Ray GPUs per replica.")
+    # Engines sharing cores run 3-4x slower, so each replica gets its own.
+    cpu_binding: tuple[str, ...] = Field(
+        (), description="CPU cores for each replica slot's engine, one entry per slot (vLLM's "
+                        "VLLM_CPU_OMP_THREADS_BIND syntax, e.g. \"0\" or \"2-3\"). Ignored on GPU.")
+    engine: EngineConfig = Field(EngineConfig(), description="The pool's vLLM engine arguments.")
+    autoscaling: Optional[AutoscalingConfig] = Field(None, description="None: a fixed `replicas`.")
+    placement: PlacementConfig = Field(PlacementConfig(), description="Which Ray nodes the replicas may run on.")
 
 
 class SLOConfig(_Strict):
@@ -230,10 +238,10 @@ class AdmissionConfig(_Strict):
 class TierConfig(_Strict):
     """A service tier (e.g. interactive, batch): its own prefill and decode pools."""
 
-    prefill: PoolConfig = PoolConfig(cpu_binding=("0",))
-    decode: PoolConfig = PoolConfig(cpu_binding=("1",))
-    slo: SLOConfig = SLOConfig()
-    admission: AdmissionConfig = AdmissionConfig()
+    prefill: PoolConfig = Field(PoolConfig(cpu_binding=("0",)), description="The pool that computes prompts.")
+    decode: PoolConfig = Field(PoolConfig(cpu_binding=("1",)), description="The pool that streams the answers.")
+    slo: SLOConfig = Field(SLOConfig(), description="The tier's latency objectives.")
+    admission: AdmissionConfig = Field(AdmissionConfig(), description="The tier's bounded queue at the gateway.")
 
     def pools(self) -> dict[str, PoolConfig]:
         return {"prefill": self.prefill, "decode": self.decode}

@@ -14,35 +14,43 @@ from cluster.config.base import HumanInt, MiB, _Strict
 
 
 class KVTransferConfig(_Strict):
+    """The KV cache's move from a prefill engine to a decode engine: NIXL between the pools (kv_transfer/)."""
+
     buffer_device: Literal["auto", "cpu", "cuda"] = Field(
         "auto", description="Where NIXL registers KV buffers; auto = cuda with a GPU, else cpu."
     )
-    # "recompute": a KV load that fails costs a local prefill on decode instead of an error.
-    failure_policy: Literal["recompute", "fail"] = "recompute"
-    # Address decode engines dial for the NIXL handshake. "auto": this replica's Ray node IP,
-    # needed when prefill and decode run on different machines (the Helm chart sets it).
-    side_channel_host: str = "127.0.0.1"
-    # Where each engine's side-channel port is picked (inclusive). Outside Linux's ephemeral
-    # range (32768-60999), which bind-to-0 and every outgoing connection take from: a port
-    # picked there can be taken in the minutes before the engine binds it, and vLLM 0.32 then
-    # waits forever on its dead listener. Outside Ray's worker ports (10002-19999) too.
-    side_channel_ports: tuple[int, int] = (20000, 32767)
-    # Bounded wait for the prefill hop; past it the request is recomputed on decode.
-    prefill_timeout_s: float = Field(30.0, gt=0)
-    # UCX transports for NIXL. tcp is required here: shared-memory-only UCX fails.
-    ucx_tls: str = "tcp,self,sm"
-    ucx_net_devices: Optional[str] = "lo"
-    # Tiny patch of vLLM's NIXL CPU path (kv_transfer/cpu_patch.py): NIXL's progress thread
-    # sleeps between UCX events instead of spinning a core, and the forward thread stays on
-    # its bound core.
-    cpu_patch: bool = True
-    # With cpu_patch: the progress thread's poll timeout, a bound on a missed UCX wake-up
-    # (work wakes it at once). None: no progress thread, so a prefill engine serves a pull only
-    # between its own steps (what tandem ran until 2026-12-03; kv_transfer/README.md).
-    nixl_progress_poll_ms: Optional[int] = Field(10, gt=0, le=1000)
-    # The prefill's sampled token is streamed as the first token and decode continues after
-    # it (kv_transfer/first_token.py); requests it cannot serve exactly take the plain path.
-    first_token_reuse: bool = True
+    failure_policy: Literal["recompute", "fail"] = Field(
+        "recompute", description="recompute: a KV load that fails costs a local prefill on decode instead of an "
+                                 "error (vLLM's kv_load_failure_policy).")
+    side_channel_host: str = Field(
+        "127.0.0.1", description="The address engine sockets (NIXL side channel, KV events) bind on and decode "
+                                 "engines dial. auto: this replica's Ray node IP, needed when prefill and decode "
+                                 "run on different machines (the Helm chart sets it). Never a wildcard.")
+    # A port picked in Linux's ephemeral range (32768-60999), which bind-to-0 and every outgoing
+    # connection take from, can be taken in the minutes before the engine binds it, and vLLM 0.32
+    # then waits forever on its dead listener.
+    side_channel_ports: tuple[int, int] = Field(
+        (20000, 32767), description="Where each engine's NIXL side-channel port is picked (inclusive): outside "
+                                    "Linux's ephemeral ports and Ray's worker ports (10002-19999). Each replica "
+                                    "claims its port on the host for its life.")
+    prefill_timeout_s: float = Field(30.0, gt=0, description="Bounded wait for the prefill hop; past it the request "
+                                                             "is recomputed on decode.")
+    ucx_tls: str = Field("tcp,self,sm", description="UCX transports for NIXL (UCX_TLS). Without tcp, UCX on a "
+                                                    "CPU host fails.")
+    ucx_net_devices: Optional[str] = Field("lo", description="UCX_NET_DEVICES; None: UCX's choice.")
+    cpu_patch: bool = Field(
+        True, description="CPU hosts: a tiny patch of vLLM's NIXL path (kv_transfer/cpu_patch.py): NIXL's progress "
+                          "thread sleeps between UCX events instead of spinning a core, and the forward thread "
+                          "stays on its bound core.")
+    nixl_progress_poll_ms: Optional[int] = Field(
+        10, gt=0, le=1000,
+        description="With cpu_patch: the progress thread's poll timeout, a bound on a missed UCX wake-up (work wakes "
+                    "it at once; idle it takes ~0.4% of a core). None: no progress thread, so a prefill engine "
+                    "serves a pull only between its own steps (loadtest/bench/RESULTS.md section 10).")
+    first_token_reuse: bool = Field(
+        True, description="Stream the prefill's sampled token as the first token and let decode continue after it "
+                          "(kv_transfer/first_token.py); requests it cannot serve exactly take the plain path. With "
+                          "routing.disaggregation adaptive, only where the P/D decider finds it pays.")
 
     @model_validator(mode="after")
     def _check_ports(self) -> "KVTransferConfig":
@@ -53,8 +61,10 @@ class KVTransferConfig(_Strict):
 
 
 class GatewayConfig(_Strict):
-    host: str = "127.0.0.1"
-    port: int = Field(8000, ge=1, le=65535)
+    """The OpenAI API's edge: where it listens and what it bounds (router/)."""
+
+    host: str = Field("127.0.0.1", description="Where the OpenAI API listens (`tandem run --host`).")
+    port: int = Field(8000, ge=1, le=65535, description="The API's port (`tandem run --port`).")
     ingress: Literal["direct", "serve"] = Field(
         "direct", description="Who serves HTTP: each gateway replica itself on host:port (direct; Serve runs no "
                               "HTTP proxy), or Serve's HTTP proxy relaying every chunk to the replica over Ray "
@@ -67,7 +77,7 @@ class GatewayConfig(_Strict):
                                                "the port (SO_REUSEPORT). Each holds its own admission places, "
                                                "load ledger and (unless auth.rate_limit_store is redis) rate "
                                                "limits: the tier's limits apply per replica.")
-    max_body_bytes: HumanInt = Field(4 * MiB, ge=1024)
+    max_body_bytes: HumanInt = Field(4 * MiB, ge=1024, description="Larger request bodies get 413.")
     body_read_timeout_s: float = Field(10.0, gt=0, description="A request body not received within this is a 408: "
                                                                "a slow sender must not hold a gateway slot.")
     health_interval_s: float = Field(1.0, ge=0, description="/health probes the engines at most once per interval, "
@@ -118,9 +128,9 @@ class RedisTLSConfig(_Strict):
     """TLS to Redis: used with a rediss:// URL. Files are PEM; None: the system CA bundle, no
     client certificate."""
 
-    ca_file: Optional[Path] = None
+    ca_file: Optional[Path] = Field(None, description="The CA that signed Redis' certificate.")
     cert_file: Optional[Path] = Field(None, description="Client certificate, for Redis' tls-auth-clients.")
-    key_file: Optional[Path] = None
+    key_file: Optional[Path] = Field(None, description="The client certificate's key.")
     verify: bool = Field(True, description="Verify the server's certificate and host name.")
 
     @model_validator(mode="after")
@@ -136,19 +146,20 @@ class RoutingIndexConfig(_Strict):
     routing falls back to load only and recovers when it returns. A wrong password fails the
     gateway's start with a clear error instead."""
 
-    backend: Literal["memory", "redis"] = "memory"
+    backend: Literal["memory", "redis"] = Field("memory", description="memory: in the gateway; redis: shared.")
     redis_url: Optional[str] = Field(None, description="e.g. redis://127.0.0.1:6379/0 (rediss:// for TLS); "
                                                        "required for redis. No password in it: URLs get logged.")
-    # The password: from an environment variable (deployments; the Helm chart fills it from a
-    # Secret) or plaintext here (local runs, tests). At most one.
-    redis_password: Optional[SecretStr] = None
-    redis_password_env: Optional[str] = None
+    redis_password: Optional[SecretStr] = Field(None, description="Plaintext password, for local runs and tests; "
+                                                                  "at most one of it and redis_password_env.")
+    redis_password_env: Optional[str] = Field(
+        None, description="The environment variable holding the password (deployments; the Helm chart fills it "
+                          "from a Secret). A refused password fails the gateway's start, naming these fields.")
     redis_username: Optional[str] = Field(None, description="Redis ACL user; None: the default user.")
-    redis_tls: Optional[RedisTLSConfig] = None
-    key_prefix: str = "tandem:"
-    # Redis keys expire this long after their last write (a BlockStored refreshes them), so
-    # entries nobody removes (a vanished worker) do not stay; None: never. Memory: unused.
-    key_ttl_s: Optional[int] = Field(3600, ge=1)
+    redis_tls: Optional[RedisTLSConfig] = Field(None, description="TLS settings, with a rediss:// URL.")
+    key_prefix: str = Field("tandem:", description="Prefix of every Redis key tandem writes.")
+    key_ttl_s: Optional[int] = Field(
+        3600, ge=1, description="Redis keys expire this long after their last write (a BlockStored refreshes them), "
+                                "so entries nobody removes (a vanished worker) do not stay; None: never.")
 
     @model_validator(mode="after")
     def _check_redis(self) -> "RoutingIndexConfig":
@@ -183,35 +194,33 @@ class RoutingIndexConfig(_Strict):
 class RoutingConfig(_Strict):
     """KV-aware routing (router/routing/): filter → score → pick, weights as data."""
 
-    # Scorer weights; scores are in [0, 1]. prefix: share of the prompt cached on the worker;
-    # load: free request slots; kv_usage: free KV cache. Weight 0 switches a scorer off.
-    weights: dict[Literal["prefix", "load", "kv_usage"], float] = {"prefix": 1.0, "load": 0.5, "kv_usage": 0.1}
-    # max_score: highest weighted score, random tie-break. round_robin / random ignore the
-    # scores: baselines for benchmarks (router/routing/tenant_bench.py), not for production.
-    picker: Literal["max_score", "round_robin", "random"] = "max_score"
-    # P/D decider (router/routing/decider.py), per request: adaptive = remote prefill or local
-    # (chunked on the decode engine) from both engines' live load and cost models against the
-    # tier's slo; always = remote prefill for every request; never = every prompt on decode.
-    disaggregation: Literal["adaptive", "always", "never"] = "adaptive"
-    # With adaptive or always: send a request straight to decode when the part of its prompt
-    # the decode engine has not cached is shorter than this many tokens. 0: off.
-    decode_only_below_tokens: int = Field(0, ge=0)
-    # With adaptive: a request whose max_tokens is at most this, that would prefill remotely,
-    # runs whole on the prefill engine instead (no decode hop, no KV transfer, no gap at the
-    # handoff) while that engine has nothing queued and its prefill chunk keeps a stream's gaps
-    # short. 0: off, the default: on the 2-core VM it did not pay (loadtest/bench/RESULTS.md §8).
-    whole_on_prefill_max_tokens: int = Field(0, ge=0)
-    # With adaptive: a request of any length that would prefill remotely runs whole on the
-    # prefill engine when the decode engine is at its mean-ITL bound and the prefill engine has
-    # room for one more stream (its queue meets the TTFT objective, its step the ITL and gap
-    # ones): the two engines share the streams when decode is the bottleneck. Off by default: in
-    # the runs of record it never fired (loadtest/bench/RESULTS.md section 9: on the 70/30 mix the
-    # prefill engine saturates first), so whether it pays is not measured yet.
-    whole_on_prefill_when_decode_full: bool = False
-    # Engines publish KV-cache events (vLLM kv_events_config, ZMQ) and the gateway follows
-    # them; off: routing on load only.
-    kv_events: bool = True
-    index: RoutingIndexConfig = RoutingIndexConfig()
+    weights: dict[Literal["prefix", "load", "kv_usage"], float] = Field(
+        {"prefix": 1.0, "load": 0.5, "kv_usage": 0.1},
+        description="Scorer weights; scores are in [0, 1]. prefix: share of the prompt cached on the worker; load: "
+                    "free request slots; kv_usage: free KV cache. Weight 0 switches a scorer off.")
+    picker: Literal["max_score", "round_robin", "random"] = Field(
+        "max_score", description="max_score: highest weighted score, random tie-break. round_robin / random ignore "
+                                 "the scores: baselines for benchmarks, not for production.")
+    disaggregation: Literal["adaptive", "always", "never"] = Field(
+        "adaptive", description="The P/D decider, per request (its rules: router/routing/decider.py): adaptive = "
+                                "remote prefill or local (chunked on the decode engine) from both engines' live load "
+                                "and cost models against the tier's slo; always = remote prefill for every request; "
+                                "never = every prompt on decode.")
+    decode_only_below_tokens: int = Field(
+        0, ge=0, description="With adaptive or always: a request goes straight to decode when the part of its "
+                             "prompt the decode engine has not cached is shorter than this many tokens. 0: off.")
+    whole_on_prefill_max_tokens: int = Field(
+        0, ge=0, description="With adaptive: a request whose max_tokens is at most this, that would prefill "
+                             "remotely, runs whole on the prefill engine (decider rule 7). 0: off, the default: on "
+                             "the 2-core VM it did not pay (loadtest/bench/RESULTS.md section 8).")
+    whole_on_prefill_when_decode_full: bool = Field(
+        False, description="With adaptive: a request of any length that would prefill remotely runs whole on the "
+                           "prefill engine while the decode engine is at its mean-ITL bound and the prefill engine "
+                           "has room for a stream (decider rule 8). Off by default: it never fired in the runs of "
+                           "record (loadtest/bench/RESULTS.md section 9), so whether it pays is not measured.")
+    kv_events: bool = Field(True, description="Engines publish KV-cache events (vLLM kv_events_config, ZMQ) and the "
+                                              "gateway follows them; false: routing on load only.")
+    index: RoutingIndexConfig = Field(RoutingIndexConfig(), description="Where the prefix index lives.")
 
     @model_validator(mode="after")
     def _check_weights(self) -> "RoutingConfig":
@@ -225,10 +234,10 @@ class ApiKeySource(_Strict):
     file holding the key) for real deployments; `value` (plaintext in the YAML) only for local
     runs and tests."""
 
-    tenant: str
-    env: Optional[str] = None
-    file: Optional[Path] = None
-    value: Optional[SecretStr] = None
+    tenant: str = Field(description="The tenant (auth.tenants) this key belongs to.")
+    env: Optional[str] = Field(None, description="The environment variable holding the key.")
+    file: Optional[Path] = Field(None, description="A file holding the key.")
+    value: Optional[SecretStr] = Field(None, description="The key in plaintext: local runs and tests only.")
 
     @model_validator(mode="after")
     def _one_source(self) -> "ApiKeySource":
@@ -259,23 +268,27 @@ class RateLimitConfig(_Strict):
     or shared by all of them with auth.rate_limit_store redis. A request costs 1 request and
     prompt tokens + max_tokens tokens; over a limit: 429."""
 
-    requests_per_minute: Optional[int] = Field(None, ge=1)
-    tokens_per_minute: Optional[int] = Field(None, ge=1)
+    requests_per_minute: Optional[int] = Field(None, ge=1, description="Shared by all the tenant's keys.")
+    tokens_per_minute: Optional[int] = Field(None, ge=1, description="Prompt tokens + max_tokens, shared by all the "
+                                                                     "tenant's keys.")
 
 
 class TenantConfig(_Strict):
+    """A tenant: whose requests these are, which tier they run in, how fast they may come."""
+
     tier: str = Field(description="The tier of this tenant's requests.")
-    # Tiers the tenant may pick per request with the tier header (its own tier always).
-    allowed_tiers: tuple[str, ...] = ()
-    rate_limit: RateLimitConfig = RateLimitConfig()
+    allowed_tiers: tuple[str, ...] = Field((), description="Tiers the tenant may pick per request with the tier "
+                                                           "header (its own tier always).")
+    rate_limit: RateLimitConfig = Field(RateLimitConfig(), description="Per-tenant limits; unset: none.")
 
 
 class AuthConfig(_Strict):
     """API keys: key → tenant → tier (router/auth.py). No keys: the API is open (local runs)."""
 
-    tenants: dict[str, TenantConfig] = {}
-    keys: tuple[ApiKeySource, ...] = ()
-    tier_header: str = "X-Tandem-Tier"
+    tenants: dict[str, TenantConfig] = Field({}, description="Tenants by name.")
+    keys: tuple[ApiKeySource, ...] = Field((), description="API keys, each of one tenant. Empty: the API is open "
+                                                           "(the gateway warns at start).")
+    tier_header: str = Field("X-Tandem-Tier", description="The header a tenant picks a tier with.")
     prefix_cache: Optional[Literal["isolate", "share"]] = Field(
         None, description="isolate: each tenant's prompts get their own prefix-cache salt (vLLM cache_salt), so "
                           "no tenant can tell from timing whether another sent a prompt; share: one cache for all. "
@@ -292,8 +305,10 @@ class AuthConfig(_Strict):
 
 
 class RayConfig(_Strict):
+    """The Ray cluster tandem runs on."""
+
     address: Optional[str] = Field(None, description="Existing cluster; None starts a local one.")
-    num_cpus: Optional[int] = Field(None, ge=1)
+    num_cpus: Optional[int] = Field(None, ge=1, description="Size of the local cluster; None: Ray's (every core).")
     metrics_export_port: int = Field(
         8080, ge=1, le=65535,
         description="Where a local Ray serves every tandem, engine and Serve metric for Prometheus "

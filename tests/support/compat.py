@@ -5,7 +5,7 @@ Pure functions apart from `send`: the corpus is loaded and checked with pydantic
 is reduced to its status, its body's shape (the set of key paths, values ignored except the
 `type`/`object` tags) and its greedy "answer" (texts, tool calls, token ids, usage), and
 `judge` lists what differs. tests/integration/test_compat_differential.py runs it against the
-two servers; tests/support/compat_table.py renders README's table from the same corpus.
+two servers; tests/support/compat_table.py renders docs/api.md's table from the same corpus.
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ class Difference(BaseModel):
 class Entry(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
     id: str
-    feature: str  # the README table's row
+    feature: str  # the compatibility table's row (docs/api.md)
     method: Literal["GET", "POST"]
     path: str
     body: Optional[Any] = None

@@ -1,7 +1,7 @@
-"""README's OpenAI compatibility table, rendered from the differential test's corpus
+"""The OpenAI compatibility table of docs/api.md, rendered from the differential test's corpus
 (tests/integration/compat_corpus/): one row per feature, "same as vLLM" unless an entry of it
 documents a difference. `python -m tests.support.compat_table` rewrites the table between
-the markers in README.md; tests/unit/test_compat_table.py fails when README's table is not
+the markers in docs/api.md; tests/unit/test_compat_table.py fails when the table there is not
 what this renders, so the table cannot drift from what the differential test checks.
 """
 
@@ -12,7 +12,7 @@ from pathlib import Path
 
 from tests.support.compat import CORPUS_DIR, Entry, load_corpus
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+DOC = Path(__file__).resolve().parents[2] / "docs" / "api.md"
 BEGIN = "<!-- compat-table:begin -->"
 END = "<!-- compat-table:end -->"
 SAME = "same as vLLM"
@@ -44,27 +44,27 @@ def render(entries: list[Entry]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def spliced(readme_text: str, table: str) -> str:
-    """README's text with the table between the markers replaced."""
+def spliced(doc_text: str, table: str) -> str:
+    """The document's text with the table between the markers replaced."""
     try:
-        head, rest = readme_text.split(BEGIN, 1)
+        head, rest = doc_text.split(BEGIN, 1)
         _, tail = rest.split(END, 1)
     except ValueError:
-        raise ValueError(f"README.md needs the markers {BEGIN} and {END}") from None
+        raise ValueError(f"docs/api.md needs the markers {BEGIN} and {END}") from None
     return f"{head}{BEGIN}\n{table}{END}{tail}"
 
 
 def main(argv: list[str]) -> int:
-    text = README.read_text()
+    text = DOC.read_text()
     new = spliced(text, render(load_corpus(CORPUS_DIR)))
     if "--check" in argv:
         if new != text:
-            print("README.md's compatibility table is stale: run python -m tests.support.compat_table")
+            print("docs/api.md's compatibility table is stale: run python -m tests.support.compat_table")
             return 1
         return 0
     if new != text:
-        README.write_text(new)
-        print("README.md: compatibility table updated")
+        DOC.write_text(new)
+        print("docs/api.md: compatibility table updated")
     return 0
 
 

@@ -1,4 +1,4 @@
-"""README's OpenAI compatibility table is what tests/support/compat_table.py renders from
+"""docs/api.md's OpenAI compatibility table is what tests/support/compat_table.py renders from
 the differential test's corpus, and the corpus itself is well-formed (issue 15)."""
 
 from __future__ import annotations
@@ -9,10 +9,10 @@ from tests.support import compat_table
 from tests.support.compat import Difference, Entry, load_corpus
 
 
-def test_readme_table_is_rendered_from_the_corpus():
-    text = compat_table.README.read_text()
+def test_docs_table_is_rendered_from_the_corpus():
+    text = compat_table.DOC.read_text()
     expected = compat_table.spliced(text, compat_table.render(load_corpus()))
-    assert text == expected, "README.md's compatibility table is stale: run python -m tests.support.compat_table"
+    assert text == expected, "docs/api.md's compatibility table is stale: run python -m tests.support.compat_table"
 
 
 def test_corpus_covers_at_least_60_requests_with_unique_ids():

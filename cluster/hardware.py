@@ -3,6 +3,29 @@ vLLM should run in here. No Ray, no vLLM: the CLI, the benchmarks and the engine
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class GPUs:
+    """The NVIDIA GPUs this process sees (CUDA_VISIBLE_DEVICES applies, as it does for Ray)."""
+
+    count: int = 0
+    memory_bytes: int = 0  # the smallest one's memory; 0 without GPUs
+
+
+def gpus_here() -> GPUs:
+    """This host's GPUs, as torch sees them; none where torch or CUDA is missing or broken."""
+    try:
+        import torch
+
+        if not torch.cuda.is_available():
+            return GPUs()
+        count = torch.cuda.device_count()
+        return GPUs(count, min(torch.cuda.get_device_properties(i).total_memory for i in range(count)))
+    except Exception:  # torch missing or broken CUDA: treat as CPU
+        return GPUs()
+
 
 def has_nvidia_gpu() -> bool:
     try:

@@ -101,8 +101,11 @@ class EngineConfig(BaseModel):
         for key in extra:
             if key in SET_BY_TANDEM:
                 raise ValueError(f"{key} is set by tandem for every pool: set {SET_BY_TANDEM[key]} instead")
-        if self.kv_cache_memory_bytes is not None and extra.get("gpu_memory_utilization") is not None:
-            # vLLM ignores gpu_memory_utilization while kv_cache_memory_bytes is set, without a word.
+        defaulted_kv = "kv_cache_memory_bytes" not in self.model_fields_set
+        if self.kv_cache_memory_bytes is not None and defaulted_kv and extra.get("gpu_memory_utilization") is not None:
+            # vLLM sizes the KV cache by kv_cache_memory_bytes when set, without a word about
+            # gpu_memory_utilization, which then only bounds the memory free at start (what two
+            # engines sharing one GPU set explicitly, beside an explicit KV size: gpu_default.py).
             raise ValueError(f"vLLM ignores gpu_memory_utilization while kv_cache_memory_bytes is set (here "
                              f"{self.kv_cache_memory_bytes}; tandem's default is {256 * MiB}): set "
                              "kv_cache_memory_bytes: null to size the KV cache by gpu_memory_utilization, or drop "

@@ -1,10 +1,12 @@
 """The whole P/D path on NVIDIA GPUs: gateway → prefill engine → NIXL (VRAM, UCX cuda_ipc or
 RDMA) → decode engine, with real vLLM (the CUDA build), Ray Serve and nixl-cu13.
 
-One GPU: both engines share it (half a GPU each); two or more: one each. Marked `gpu`, so
-tests/conftest.py skips it where torch sees no GPU. Needs the GPU install (cluster/bootstrap.sh
-on a GPU host, or the deploy/docker GPU image): vllm, ray[serve], the NIXL backend matching
-torch's CUDA. Run: pytest -m gpu tests/gpu/test_pd_gpu.py (about 2-4 minutes).
+The cluster is the GPU default `tandem run` serves on this host (cluster/configs/gpu.yaml, laid
+out one engine per GPU: on one GPU prefill and decode share it), with the tiny test model in
+float32 and ports of its own. Marked `gpu`, so tests/conftest.py skips it where torch sees no
+GPU. Needs the GPU install (cluster/bootstrap.sh on a GPU host, or the deploy/docker GPU image):
+vllm, ray[serve], the NIXL backend matching torch's CUDA. Run: pytest -m gpu tests/gpu/test_pd_gpu.py
+(about 2-4 minutes).
 """
 
 from __future__ import annotations
@@ -24,31 +26,27 @@ MAX_TOKENS = 12
 PROMPT = "Disaggregation moves the finished KV cache from the prefill engine to decode. " * 6
 
 
-def gpu_config(model_dir, gpus: int):
+def gpu_config(model_dir, gpus):
+    """The GPU default as `tandem run` lays it out on `gpus` (cluster.hardware.GPUs), serving the
+    tiny model: float32 (greedy output equal to transformers), its short context."""
     from cluster.config import ClusterConfig
+    from cluster.gpu_default import GPU_CONFIG, lay_out_on_gpus
 
-    share = 1 if gpus >= 2 else 0.5
-    engine = {"kv_cache_memory_bytes": "1G", "max_num_seqs": 8}
-    return ClusterConfig.model_validate({
-        "model": {"path": str(model_dir), "name": MODEL_NAME, "dtype": "float32", "max_model_len": 512},
+    overrides = {
+        "model": {"path": str(model_dir), "name": MODEL_NAME, "dtype": "float32", "max_model_len": 512,
+                  "tool_parser": None},
         "gateway": {"host": "127.0.0.1", "port": GATEWAY_PORT},
-        "tiers": {"interactive": {
-            "prefill": {"replicas": 1, "num_cpus": 1, "num_gpus": share, "engine": engine},
-            "decode": {"replicas": 1, "num_cpus": 1, "num_gpus": share, "engine": engine},
-        }},
-        # VRAM buffers; UCX picks among all transports (cuda_ipc on one host, rc across hosts).
-        "kv_transfer": {"buffer_device": "cuda", "ucx_tls": "all", "ucx_net_devices": None},
-        "ray": {"num_cpus": 4, "metrics_export_port": METRICS_PORT},
-    })
+        "ray": {"metrics_export_port": METRICS_PORT},
+    }
+    return lay_out_on_gpus(ClusterConfig.load_checked(GPU_CONFIG, overrides), gpus)
 
 
 @pytest.fixture(scope="module")
 def gpu_cluster(tiny_model_dir):
-    import torch
-
+    from cluster.hardware import gpus_here
     from cluster.local import LocalCluster
 
-    local = LocalCluster(gpu_config(tiny_model_dir, torch.cuda.device_count()), cache_dir=TEST_STATE / "gpu-cache")
+    local = LocalCluster(gpu_config(tiny_model_dir, gpus_here()), cache_dir=TEST_STATE / "gpu-cache")
     local.start(ready_timeout_s=600)
     yield local
     local.stop()

@@ -1,5 +1,5 @@
-"""tests/gpu: its tests are marked gpu (skipped without one), its P/D config is one
-ClusterConfig accepts, and the device script parses."""
+"""tests/gpu: its tests are marked gpu (skipped without one), its cluster is the GPU default
+(cluster/configs/gpu.yaml) laid out on the host, and the device script parses."""
 
 from __future__ import annotations
 
@@ -24,11 +24,20 @@ def test_device_script_is_valid_bash_and_uses_the_bootstrap_choice():
     assert "--no-index --no-deps" in text  # the device machine reaches no registry
 
 
-def test_gpu_pd_config_is_valid(tmp_path):
-    from tests.gpu.test_pd_gpu import gpu_config
+def test_gpu_suite_runs_the_gpu_default_laid_out_on_the_host(tmp_path):
+    from cluster.config import ClusterConfig
+    from cluster.gpu_default import GPU_CONFIG
+    from cluster.hardware import GPUs
+    from tests.gpu.test_pd_gpu import GATEWAY_PORT, gpu_config
 
-    one = gpu_config(tmp_path, gpus=1)
-    assert one.tiers["interactive"].prefill.num_gpus == 0.5
-    assert one.tiers["interactive"].decode.engine.kv_cache_memory_bytes == 1 << 30
-    assert one.kv_transfer.buffer_device == "cuda" and one.kv_transfer.ucx_net_devices is None
-    assert gpu_config(tmp_path, gpus=2).tiers["interactive"].decode.num_gpus == 1
+    default = ClusterConfig.load_checked(GPU_CONFIG)
+    one = gpu_config(tmp_path, GPUs(1, 80 << 30))
+    prefill, decode = one.tiers["interactive"].prefill, one.tiers["interactive"].decode
+    assert (prefill.num_gpus, decode.num_gpus) == (0.5, 0.5)
+    assert decode.engine.kv_cache_memory_bytes == 16 << 30  # a fifth of the GPU each
+    assert decode.engine.enforce_eager is False  # CUDA graphs, as the default serves
+    assert one.kv_transfer == default.kv_transfer  # VRAM buffers, UCX all
+    assert one.model.path == tmp_path and one.model.dtype == "float32" and one.gateway.port == GATEWAY_PORT
+    two = gpu_config(tmp_path, GPUs(2, 80 << 30)).tiers["interactive"]
+    assert (two.prefill.num_gpus, two.decode.num_gpus) == (1, 1)
+    assert two.decode.engine == default.tiers["interactive"].decode.engine

@@ -79,6 +79,13 @@ provides filled in where the user left it unset (see values.yaml).
 {{- if not $pool.placement -}}
 {{- $_ := set $pool "placement" (dict "resources" (dict (include "tandem.poolResource" (printf "%s-%s" $tier $role)) 1)) -}}
 {{- end -}}
+{{- /* Helm drops a null value, so `kv_cache_memory_bytes: null` cannot be written here: an engine
+with gpu_memory_utilization and no kv_cache_memory_bytes gets the null (KV cache sized by it). */ -}}
+{{- $engine := $pool.engine | default dict -}}
+{{- if and (hasKey $engine "gpu_memory_utilization") (not (hasKey $engine "kv_cache_memory_bytes")) -}}
+{{- $_ := set $engine "kv_cache_memory_bytes" nil -}}
+{{- $_ := set $pool "engine" $engine -}}
+{{- end -}}
 {{- $_ := set $t $role $pool -}}
 {{- end -}}
 {{- $_ := set $cfg.tiers $tier $t -}}
@@ -104,7 +111,8 @@ provides filled in where the user left it unset (see values.yaml).
 
 {{/*
 Environment of every Ray container: Ray's token auth (KubeRay's documented variables, set here
-too so that Ray enforces it whatever the operator version) and the KV transfer extras. No
+too so that Ray enforces it whatever the operator version), the KV transfer extras, the Hugging
+Face cache and token (engines download a Hub model's weights, the gateway its tokenizer). No
 secrets of tandem's own: those are in tandem.gatewayEnv, on the head only.
 */}}
 {{- define "tandem.env" -}}
@@ -118,6 +126,15 @@ secrets of tandem's own: those are in tandem.gatewayEnv, on the head only.
 {{- range $name, $value := .Values.kvTransfer.env }}
 - name: {{ $name }}
   value: {{ $value | quote }}
+{{- end }}
+- name: HF_HOME
+  value: {{ include "tandem.hfCachePath" . }}
+{{- with .Values.model.hfToken.secretName }}
+- name: HF_TOKEN
+  valueFrom:
+    secretKeyRef:
+      name: {{ . }}
+      key: {{ $.Values.model.hfToken.key }}
 {{- end }}
 - name: RAY_USAGE_STATS_ENABLED
   value: "0"
@@ -194,11 +211,20 @@ finds nothing and every render makes a new one.
         values: [ray-head, ray-worker]
 {{- end -}}
 
-{{/* Volumes and mounts of every Ray pod: the model and /dev/shm. */}}
+{{/* Where every Ray pod's Hugging Face cache (HF_HOME) is mounted. */}}
+{{- define "tandem.hfCachePath" -}}/cache/huggingface{{- end -}}
+
+{{/* Volumes and mounts of every Ray pod: the model, the Hugging Face cache and /dev/shm. */}}
 {{- define "tandem.volumes" -}}
 - name: models
 {{- if .Values.model.volume }}
 {{ toYaml .Values.model.volume | indent 2 }}
+{{- else }}
+  emptyDir: {}
+{{- end }}
+- name: hf-cache
+{{- if .Values.model.cache.volume }}
+{{ toYaml .Values.model.cache.volume | indent 2 }}
 {{- else }}
   emptyDir: {}
 {{- end }}
@@ -212,6 +238,8 @@ finds nothing and every render makes a new one.
 - name: models
   mountPath: /models
   readOnly: {{ not .Values.model.prepare }}
+- name: hf-cache
+  mountPath: {{ include "tandem.hfCachePath" . }}
 - name: dshm
   mountPath: /dev/shm
 {{- end -}}

@@ -66,6 +66,12 @@ def simulate(main: Callable[[], Awaitable[T]]) -> T:
     try:
         return loop.run_until_complete(main())
     finally:
+        # What still runs (engine loops, timers' tasks) is cancelled, as asyncio.run does.
+        pending = asyncio.all_tasks(loop)
+        for task in pending:
+            task.cancel()
+        if pending:
+            loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
         loop.run_until_complete(loop.shutdown_asyncgens())
         loop.close()
 

@@ -32,8 +32,8 @@ def main(argv: list[str] | None = None) -> int:
     args.out.write_text(json.dumps(out, indent=1, sort_keys=True) + "\n")
     s = out["score"]
     print(f"{LABEL}: {s['within']}/{s['cells']} cells within max(0.15 req/s, 20%) (mean-ITL goodput), "
-          f"{s['within_max_gap']}/{s['cells']} (every-gap); ranking reproduced in {s['ranking_reproduced']}/{s['runs']} runs "
-          f"(winner {s['winner_reproduced']}/{s['runs']}); reason mix within 10 points in {s['reason_mix_within']}/"
+          f"{s['within_max_gap']}/{s['cells']} (every-gap), by system {s['within_by_system']}; ranking reproduced in "
+          f"{s['ranking_reproduced']}/{s['runs_ranked']} runs (winner {s['winner_reproduced']}/{s['runs_ranked']}); reason mix within 10 points in {s['reason_mix_within']}/"
           f"{s['reason_mix_cells']} cells. Written {args.out}")
     return 0
 

@@ -18,15 +18,16 @@ from cluster.autoscaling.policy import Observation, PolicyState, decide
 from cluster.autoscaling.serve_policy import rules_for
 from cluster.config import ClusterConfig
 
+from loadtest.sim.trace import Trace
+
 if TYPE_CHECKING:
-    from loadtest.sim.harness import Trace
     from loadtest.sim.pools import SimPools
 
 DEFAULT_START_S = 37.0  # RESULTS.md: tandem's cold start on the 2-core VM, 35-38 s
 
 
 class Autoscaler:
-    def __init__(self, cfg: ClusterConfig, pools: "SimPools", trace: "Trace", start_s: float = DEFAULT_START_S):
+    def __init__(self, cfg: ClusterConfig, pools: "SimPools", trace: Trace, start_s: float = DEFAULT_START_S):
         self.pools = pools
         self.trace = trace
         self.start_s = start_s

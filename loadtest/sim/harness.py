@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import random
-from dataclasses import dataclass, field
 from typing import Optional
 
 from cluster.config import ClusterConfig
@@ -26,29 +25,13 @@ from loadtest.sim.autoscale import Autoscaler
 from loadtest.sim.control_plane import ControlPlane
 from loadtest.sim.engine import SimEngine, SimRequest
 from loadtest.sim.pools import Hardware, Replica, SimPools
+from loadtest.sim.trace import Trace
 from router.admission import TierGate
 from router.prefix_index.memory import MemoryPrefixIndex
 from router.routing.build import kv_router_settings
-from router.routing.decider import Decision
 from router.routing.service import KVRouter
 
 STATS_PERIOD_S = 1.0  # cluster/app.py request_routing_stats_period_s
-
-
-@dataclass
-class Trace:
-    """What the real policies decided, with their inputs (for the replay test and the report)."""
-
-    verdicts: list[tuple[tuple, Decision]] = field(default_factory=list)
-    scaling: list[tuple] = field(default_factory=list)  # (rules, observation, state, decision, new state)
-    paths: dict[str, int] = field(default_factory=dict)
-
-    def reasons(self) -> dict[str, int]:
-        out: dict[str, int] = {}
-        for _, d in self.verdicts:
-            key = f"{d.path}/{d.reason}"
-            out[key] = out.get(key, 0) + 1
-        return dict(sorted(out.items()))
 
 
 def _record(req: ScheduledRequest, sent: float, tokens: list[float], error: str = "") -> RequestRecord:

@@ -20,7 +20,8 @@ from loadtest.measure.slo import Objective
 from loadtest.sim.clock import simulate
 from loadtest.sim.control_plane import ControlPlane, ControlPlaneCost
 from loadtest.sim.engine import EngineParams, SimEngine, SimRequest
-from loadtest.sim.harness import Trace, TandemSim, _record, drive
+from loadtest.sim.harness import TandemSim, _record, drive
+from loadtest.sim.trace import Trace
 from loadtest.sim.kv_cache import BlockPool
 from loadtest.sim.pools import Hardware
 from loadtest.sim.step_time import StepTimeModel

@@ -48,6 +48,9 @@ class ControlPlaneCost:
 def from_benchmark(system: str, path: Path = BENCH, hop_s: float = SERVE_HOP_S) -> ControlPlaneCost:
     """The median over the benchmark's cells of the CPU per token: `tandem` (all its processes)
     or `vllm` (its API server alone; its engine is the engine model's)."""
+    if not path.exists():
+        raise FileNotFoundError(f"the control-plane costs come from the benchmark's record {path}, which only a source "
+                                "checkout of tandem has: run the simulator from one")
     data = json.loads(path.read_text())
     cells = data["systems"][system]["cells"]
     key = "total" if system.startswith("tandem") else "vLLM API server"

@@ -107,7 +107,10 @@ def main(args: argparse.Namespace) -> int:
     result = run(args)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "plan.json").write_text(json.dumps(result, indent=1, sort_keys=True) + "\n")
-    plot(result, args.out / "plan.png")
+    try:
+        plot(result, args.out / "plan.png")
+    except ImportError:
+        print("plan.png not drawn: matplotlib is missing (pip install -e '.[loadtest]')")
     print(f"{LABEL} goodput (req/s, TTFT + mean ITL), tier {result['provenance']['tier']}:")
     for r in result["rows"]:
         print(f"  link {r['bandwidth_gbps']:>6g} Gbit/s  load {r['rate_rps']:>5g}  {r['system']:<10} {r['goodput_rps']:.3f}")

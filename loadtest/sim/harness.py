@@ -27,6 +27,7 @@ from loadtest.sim.engine import SimEngine, SimRequest
 from loadtest.sim.pools import Hardware, Replica, SimPools
 from loadtest.sim.trace import Trace
 from router.admission import TierGate
+from router.openai.errors import OpenAIError
 from router.prefix_index.memory import MemoryPrefixIndex
 from router.routing.build import kv_router_settings
 from router.routing.service import KVRouter
@@ -77,8 +78,8 @@ class TandemSim:
         gate = self.gates[tier]
         try:
             await gate.enter()
-        except Exception as exc:  # 429: the gate's refusal (router/openai/errors.py)
-            return _record(req, sent, [], error=f"429 {type(exc).__name__}")
+        except OpenAIError as exc:  # the gate's 429 (router/openai/errors.py too_many_requests)
+            return _record(req, sent, [], error=f"{exc.status} {exc.message}")
         admitted = loop.time()
         self.control.charge(admitted, requests=1)
         try:

@@ -149,4 +149,9 @@ def score(runs: list[dict]) -> dict:
             "runs_ranked": len(ranked), "ranking_reproduced": sum(r["ranking"]["same_order"] for r in ranked),
             "winner_reproduced": sum(r["ranking"]["same_winner"] for r in ranked),
             "reason_mix_cells": len(mixes), "reason_mix_within": sum(m["within_10_points"] for m in mixes),
+            # The decider's verdicts ever given: a rule whose reason shows on neither side never decided.
+            "reasons_seen": {side: sorted({k for c in cells for k, v in c.get("reasons", {}).get("shares", {}).items()
+                                           if v[side] > 0} | ({k for c in cells for k in c.get("reasons", {}).get("simulated", {})}
+                                                              if side == "simulated" else set()))
+                             for side in ("measured", "simulated")},
             "bar": "issue 32: goodput within max(0.15 req/s, 20%) in >= 80% of cells, ranking per run, reasons +-10 points"}

@@ -82,3 +82,17 @@ def test_the_simulated_decisions_equal_a_replay_through_the_real_functions():
     assert any(d.target > obs.target for _, obs, _, d, _ in trace.scaling), "the load never scaled prefill up"
     for rules, obs, state, verdict, new_state in trace.scaling:
         assert scaling.decide(rules, obs, state) == (verdict, new_state)
+
+
+def test_the_real_admission_gate_refuses_past_its_queue_on_the_simulated_clock():
+    cfg = _config()
+    tier = cfg.tiers["interactive"]
+    tight = tier.admission.model_copy(update={"max_running": 2, "max_queued": 1, "target_ttft_s": None})
+    cfg = cfg.model_copy(update={"tiers": {"interactive": tier.model_copy(update={"admission": tight})}})
+    mix = Mix(RequestKind("prefill-heavy", 512, 8), RequestKind("decode-heavy", 64, 32), 0.7)
+    hw, _ = cpu_hardware(0.26, 0.041, 512, 256, "bfloat16", source="test")
+    result = simulate_tandem(cfg, hw, from_benchmark("tandem"), poisson_schedule(mix, 8.0, 3.0, 0), seed=1,
+                             drain_timeout_s=20.0, control_cores=2, shares_engine_cores=2)
+    refused = [r for r in result.records if r.error.startswith("429 ")]
+    assert refused and len(refused) < len(result.records)
+    assert len(result.trace.verdicts) == len(result.records) - len(refused)  # a refused request is never routed

@@ -200,6 +200,12 @@ def cmd_grafana_push(args: argparse.Namespace) -> int:
                        args.dir or grafana.DEFAULT_DIR)
 
 
+def cmd_plan(args: argparse.Namespace) -> int:
+    from loadtest.sim import plan
+
+    return plan.main(args)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="tandem", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--version", action="version", version=versions())
@@ -234,6 +240,11 @@ def main(argv: list[str] | None = None) -> int:
     push.add_argument("--folder", help="Grafana folder (default: tandem)")
     push.add_argument("--dir", type=Path, help="folder of dashboard JSON files (default: the chart's, deploy/helm/tandem/dashboards)")
     push.set_defaults(fn=cmd_grafana_push)
+    from loadtest.sim.plan_cli import add_arguments as plan_arguments
+
+    plan = sub.add_parser("plan", help="SIMULATED goodput of a config: adaptive / always / never / colocated")
+    plan_arguments(plan)
+    plan.set_defaults(fn=cmd_plan)
     args = parser.parse_args(argv)
     return args.fn(args)
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from cluster.config import ClusterConfig
 from cluster.types import ROLES, PoolId
 from router.prefix_index import make_index
@@ -9,6 +11,24 @@ from router.prefix_index.redis_index import tls_of
 from router.routing.decider import Objectives, PDDecider
 from router.routing.directory import pool_directory
 from router.routing.service import KVRouter
+
+
+def kv_router_settings(cfg: ClusterConfig) -> dict[str, Any]:
+    """The KVRouter's policy from the cluster config: weights, picker, decider, objectives, token
+    budgets. One place, shared by the gateway (below) and the simulator (loadtest/sim), which runs
+    the same router on a simulated clock."""
+    routing = cfg.routing
+    objectives = {tier: Objectives(ttft_s=t.slo.ttft_s, itl_s=t.slo.itl_s, gap_s=t.slo.gap_s)
+                  for tier, t in cfg.tiers.items()}
+    # The decode engine's prefill tokens per step; unset: vLLM's chunked-prefill default.
+    budgets = {tier: t.decode.engine.max_num_batched_tokens for tier, t in cfg.tiers.items()
+               if t.decode.engine.max_num_batched_tokens}
+    prefill_budgets = {tier: t.prefill.engine.max_num_batched_tokens for tier, t in cfg.tiers.items()
+                       if t.prefill.engine.max_num_batched_tokens}
+    decider = PDDecider(routing.decode_only_below_tokens, routing.disaggregation, routing.whole_on_prefill_max_tokens,
+                        routing.whole_on_prefill_when_decode_full)
+    return dict(weights=routing.weights, decider=decider, picker=routing.picker, objectives=objectives,
+                chunk_budgets=budgets, prefill_chunk_budgets=prefill_budgets)
 
 
 def build_kv_router(cfg: ClusterConfig) -> KVRouter:
@@ -23,15 +43,4 @@ def build_kv_router(cfg: ClusterConfig) -> KVRouter:
     directories = {
         (tier, role): pool_directory(PoolId(tier, role)) for tier in cfg.tiers for role in ROLES
     }
-    objectives = {tier: Objectives(ttft_s=t.slo.ttft_s, itl_s=t.slo.itl_s, gap_s=t.slo.gap_s)
-                  for tier, t in cfg.tiers.items()}
-    # The decode engine's prefill tokens per step; unset: vLLM's chunked-prefill default.
-    budgets = {tier: t.decode.engine.max_num_batched_tokens for tier, t in cfg.tiers.items()
-               if t.decode.engine.max_num_batched_tokens}
-    prefill_budgets = {tier: t.prefill.engine.max_num_batched_tokens for tier, t in cfg.tiers.items()
-                       if t.prefill.engine.max_num_batched_tokens}
-    decider = PDDecider(routing.decode_only_below_tokens, routing.disaggregation, routing.whole_on_prefill_max_tokens,
-                        routing.whole_on_prefill_when_decode_full)
-    return KVRouter(directories=directories, index=index, weights=routing.weights, decider=decider,
-                    picker=routing.picker, objectives=objectives, chunk_budgets=budgets,
-                    prefill_chunk_budgets=prefill_budgets)
+    return KVRouter(directories=directories, index=index, **kv_router_settings(cfg))

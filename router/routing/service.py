@@ -40,7 +40,7 @@ from router.kv_events import KVEventSubscriber
 from router.prefix_index import IndexUnavailable, PrefixIndex
 from router.routing import metrics
 from router.routing.cost_model import EngineCostModel
-from router.routing.decider import DecodeView, Objectives, PDDecider, PrefillView, RequestView, decide
+from router.routing.decider import Decision, DecodeView, Objectives, PDDecider, PrefillView, RequestView, decide
 from router.routing.directory import PoolDirectory, ReplicaInfo
 from router.routing.ledger import LoadLedger
 from router.routing.pipeline import pick
@@ -80,7 +80,8 @@ class KVRouter:
                  picker: str = "max_score", objectives: Optional[Mapping[str, Objectives]] = None,
                  chunk_budgets: Optional[Mapping[str, int]] = None,
                  prefill_chunk_budgets: Optional[Mapping[str, int]] = None,
-                 timer: Callable[[], float] = time.perf_counter):
+                 timer: Callable[[], float] = time.perf_counter,
+                 on_verdict: Optional[Callable[[tuple, Decision], None]] = None):
         # directories: (tier, pool) → the PoolDirectory of that deployment ("interactive", "prefill").
         self._directories = dict(directories)
         self._index = index
@@ -101,6 +102,9 @@ class KVRouter:
         self._models: dict[str, EngineCostModel] = {}
         self._step_reports: dict[str, tuple] = {}
         self._ledger = LoadLedger(clock=clock, timer=timer)  # this gateway's requests on each replica
+        # Sees each verdict with decide()'s inputs: the simulator (loadtest/sim) records them to
+        # prove it replays the real decider.
+        self._on_verdict = on_verdict
 
     # -- workers and their event streams ---------------------------------------------------
 
@@ -243,8 +247,11 @@ class KVRouter:
                                        running_seqs=p_stats.running_seqs)
         req = RequestView(prompt_tokens=ctx.prompt_tokens, cached_on_decode=_hit_tokens(decode, ctx),
                           cached_on_prefill=_hit_tokens(prefill, ctx), max_tokens=max_tokens)
-        return decide(self._decider, req, prefill_view, decode_view,
-                      self._objectives.get(tier, DEFAULT_OBJECTIVES))
+        inputs = (self._decider, req, prefill_view, decode_view, self._objectives.get(tier, DEFAULT_OBJECTIVES))
+        verdict = decide(*inputs)
+        if self._on_verdict is not None:
+            self._on_verdict(inputs, verdict)
+        return verdict
 
     def _stats_of(self, worker: Worker) -> RoutingStats:
         directory = self._directories.get((worker.tier, worker.pool))

@@ -1,0 +1,118 @@
+"""`tandem plan`: simulated goodput of a cluster config under a workload, for tandem adaptive,
+always-disaggregated and never-disaggregated (decode engines alone), and the same engines
+colocated (each does both phases), over a range of offered loads and KV-link bandwidths.
+
+SIMULATED, every figure: the step time is a roofline bound with stated efficiencies (or this
+project's CPU fit), the KV link a swept range, the control plane the CPU costs measured by the
+control-plane benchmark on its own cores. The JSON and the plot carry that provenance. What is
+not in yet (issue 32): AIConfigurator-derived step tables, recommended P:D ratios and replica
+counts, the GPU validation; until the engine model is validated against GPU data, a GPU-scale
+result here is a what-if, not a measurement.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from cluster.config import ClusterConfig
+from loadtest.bench.workload import Mix, RequestKind, poisson_schedule
+from loadtest.measure.slo import Objective
+from loadtest.sim import LABEL
+from loadtest.sim.control_plane import from_benchmark
+from loadtest.sim.engine import EngineParams
+from loadtest.sim.network import LinkSpec
+from loadtest.sim.pools import Hardware, engine_params
+from loadtest.sim.run import simulate_colocated, simulate_tandem
+from loadtest.sim.step_time import ACCELERATORS, MODELS, Roofline  # noqa: F401 (names in plan_cli's choices)
+
+GPU_BLOCK_SIZE = 16  # vLLM's default block size on CUDA
+SYSTEMS = ("adaptive", "always", "never", "colocated")
+
+
+def _kind(name: str, spec: str) -> RequestKind:
+    prompt, output = (int(x) for x in spec.split(":"))
+    return RequestKind(name, prompt, output)
+
+
+def run(args: argparse.Namespace) -> dict:
+    cfg = ClusterConfig.load(args.config)
+    tier_name, tier = next(iter(cfg.tiers.items()))
+    shape = MODELS[args.model]
+    step = Roofline(ACCELERATORS[args.accelerator], shape, args.tp, args.mfu, args.mbu)
+    mix = Mix(_kind("prefill-heavy", args.long), _kind("decode-heavy", args.short), args.prefill_share)
+    mean = Objective(tier.slo.ttft_s * 1000, tier.slo.itl_s * 1000)
+    every = Objective(tier.slo.ttft_s * 1000, tier.slo.itl_s * 1000, tier.slo.gap_s * 1000)
+    engines = tier.prefill.replicas + tier.decode.replicas
+    cost = from_benchmark("tandem")
+    rows = []
+    for gbps in (float(x) for x in args.bandwidths_gbps.split(",")):
+        hw = Hardware(step_model=lambda t, r: step, kv_bytes_per_token=shape.kv_bytes_per_token,
+                      default_block_size=GPU_BLOCK_SIZE, link=LinkSpec(gbps * 1e9 / 8, args.transfer_fixed_ms / 1000))
+        for rate in (float(x) for x in args.rates.split(",")):
+            schedule = poisson_schedule(mix, rate, args.duration, args.seed)
+            for system in SYSTEMS:
+                if system == "colocated":
+                    d = engine_params(tier.decode, hw)
+                    params = EngineParams(d.max_num_seqs, d.max_num_batched_tokens, d.block_size, d.num_blocks)
+                    result = simulate_colocated(engines, params, step, from_benchmark("vllm"), schedule,
+                                                drain_timeout_s=args.duration, control_cores=args.control_cores,
+                                                shares_engine_cores=None)
+                else:
+                    variant = cfg.model_copy(update={"routing": cfg.routing.model_copy(update={"disaggregation": system})})
+                    result = simulate_tandem(variant, hw, cost, schedule, seed=args.seed, drain_timeout_s=args.duration,
+                                             control_cores=args.control_cores, shares_engine_cores=None, tier=tier_name)
+                s = result.summary(mean, every, args.duration, engines)
+                rows.append({"bandwidth_gbps": gbps, "rate_rps": rate, "system": system, "goodput_rps": s["goodput_rps"],
+                             "goodput_rps_max_gap": s["goodput_rps_max_gap"], "ttft_p90_ms": s["ttft"].get("p90_ms"),
+                             "mean_itl_p50_ms": s["mean_itl"].get("p50_ms"), "reasons": result.trace.reasons(),
+                             "control_plane": result.control})
+    return {"label": LABEL, "what": "tandem plan: simulated goodput per system, offered load and KV bandwidth",
+            "provenance": {"step_time": step.provenance(), "kv_link": {"bandwidths_gbps": args.bandwidths_gbps,
+                                                                       "fixed_ms": args.transfer_fixed_ms},
+                           "control_plane": {"tandem": cost.source, "cores": args.control_cores},
+                           "config": str(args.config), "tier": tier_name, "engines": engines,
+                           "validated": "engine model on CPU only (python -m loadtest.sim validate); not on GPU data"},
+            "workload": {"mix": {"long": args.long, "short": args.short, "prefill_share": args.prefill_share},
+                         "rates_rps": args.rates, "duration_s": args.duration, "seed": args.seed},
+            "objectives": {"ttft_ms": mean.ttft_ms, "mean_itl_ms": mean.mean_itl_ms, "max_gap_ms": every.max_gap_ms},
+            "rows": rows}
+
+
+def plot(result: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    bandwidths = sorted({r["bandwidth_gbps"] for r in result["rows"]})
+    fig, axes = plt.subplots(1, len(bandwidths), figsize=(5 * len(bandwidths), 4.2), squeeze=False)
+    for ax, bw in zip(axes[0], bandwidths):
+        for system in SYSTEMS:
+            rows = [r for r in result["rows"] if r["bandwidth_gbps"] == bw and r["system"] == system]
+            ax.plot([r["rate_rps"] for r in rows], [r["goodput_rps"] for r in rows], marker="o", label=system)
+        ax.set(title=f"KV link {bw:g} Gbit/s", xlabel="offered load (req/s)", ylabel="goodput (req/s)")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    st = result["provenance"]["step_time"]
+    fig.suptitle(f"{LABEL}: not measured. Step time {st['kind']} ({st['model']['name']} on {st['accelerator']['name']}, "
+                 f"tp {st['tp']}, mfu {st['mfu']}, mbu {st['mbu']})", fontsize=10, color="darkred")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main(args: argparse.Namespace) -> int:
+    result = run(args)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "plan.json").write_text(json.dumps(result, indent=1, sort_keys=True) + "\n")
+    try:
+        plot(result, args.out / "plan.png")
+    except ImportError:
+        print("plan.png not drawn: matplotlib is missing (pip install -e '.[loadtest]')")
+    print(f"{LABEL} goodput (req/s, TTFT + mean ITL), tier {result['provenance']['tier']}:")
+    for r in result["rows"]:
+        print(f"  link {r['bandwidth_gbps']:>6g} Gbit/s  load {r['rate_rps']:>5g}  {r['system']:<10} {r['goodput_rps']:.3f}")
+    print(f"written {args.out / 'plan.json'} and {args.out / 'plan.png'} (marked {LABEL}, with provenance)")
+    return 0

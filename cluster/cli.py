@@ -48,6 +48,7 @@ def run_overrides(model: Optional[str], port: Optional[int], host: Optional[str]
 
 def cmd_run(args: argparse.Namespace) -> int:
     from cluster.config import ConfigError
+    from cluster.engine import engine_args
     from cluster.gpu_default import load_run_config
     from cluster.hardware import gpus_here
     from cluster.local import LocalCluster
@@ -58,6 +59,9 @@ def cmd_run(args: argparse.Namespace) -> int:
         cfg, config_path, lines = load_run_config(args.config, gpus_here(), run_overrides(args.model, args.port, args.host))
         for line in lines:
             print(line, flush=True)
+        # vLLM's own parser over every pool's engine arguments now, not at each engine's start
+        # minutes later (`tandem check-config` runs the same check).
+        engine_args.check(cfg, str(config_path))
         if cfg.model.hub_id is not None:
             print(f"[tandem] resolving {cfg.model.hub_id} in the Hugging Face cache ...", flush=True)
             cfg = with_local_model(cfg)

@@ -28,6 +28,15 @@ def test_run_refuses_a_missing_model_folder(tmp_path, capsys):
     assert "nowhere" in capsys.readouterr().err
 
 
+def test_run_refuses_an_engine_argument_vllm_does_not_know_before_starting_anything(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)  # where `tandem run` would write its state; nothing may appear
+    config = tmp_path / "c.yaml"
+    config.write_text("model: {path: nowhere}\ntiers: {interactive: {decode: {engine: {max_num_seq: 8}}}}\n")
+    assert cli.main(["run", "--config", str(config)]) == 2
+    assert "did you mean max_num_seqs" in capsys.readouterr().err
+    assert not (tmp_path / ".tandem").exists()
+
+
 def test_stop_without_a_running_cluster_says_so(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     assert cli.main(["stop"]) == 0

@@ -171,12 +171,20 @@ _PENDING = _Pending()
 
 
 class _GaugeKeeper:
-    """Records every value of the gauges it watches again each REPUBLISH_INTERVAL_S."""
+    """Records every value of the gauges it watches again each REPUBLISH_INTERVAL_S, and the
+    values of raw Ray gauges kept through `set_kept` (vLLM's, cluster/engine/vllm_ray_metrics.py)."""
 
     def __init__(self) -> None:
         self._gauges: list[Gauge] = []
+        self._kept: dict[tuple[int, tuple], tuple[object, dict[str, str], float]] = {}
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
+
+    def keep(self, metric, tags: dict[str, str], value: float) -> None:
+        with self._lock:
+            self._kept[(id(metric), tuple(tags.items()))] = (metric, tags, value)
+        if self._thread is None:
+            self.start()
 
     def watch(self, gauge: "Gauge") -> None:
         with self._lock:
@@ -194,9 +202,11 @@ class _GaugeKeeper:
         while True:
             time.sleep(REPUBLISH_INTERVAL_S)
             with self._lock:
-                gauges = list(self._gauges)
+                gauges, kept = list(self._gauges), list(self._kept.values())
             for gauge in gauges:
                 gauge.republish()
+            for metric, tags, value in kept:
+                metric.set(value, tags=tags)
             _PENDING.flush()
 
 
@@ -219,3 +229,20 @@ class _BoundGauge:
 
     def dec(self, amount: float = 1.0) -> None:
         self.inc(-amount)
+
+
+# For Ray metrics made elsewhere (vLLM's Ray stat logger, cluster/engine/vllm_ray_metrics.py): the
+# same off-the-caller's-thread recording as the classes above, for a raw `ray.util.metrics` metric.
+def inc_later(metric: ray_metrics.Counter, tags: dict[str, str], amount: float) -> None:
+    """Add `amount` to a Ray counter within a second, summed with this second's other increments."""
+    _PENDING.inc(metric, tags, amount)
+
+
+def observe_later(metric: ray_metrics.Histogram, tags: dict[str, str], value: float) -> None:
+    """Observe `value` on a Ray histogram within a second, from the keeper thread."""
+    _PENDING.observe(metric, tags, value)
+
+
+def set_kept(metric: ray_metrics.Gauge, tags: dict[str, str], value: float) -> None:
+    """Set a Ray gauge within a second, and record it again every second after (Ray's TTL)."""
+    _KEEPER.keep(metric, tags, value)

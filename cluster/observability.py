@@ -1,4 +1,5 @@
-"""What the chart's dashboards and Prometheus rules query, read from the files themselves.
+"""What the chart's dashboards and Prometheus rules query, read from the files themselves, and
+the one relabelling rule that gives the engines' vLLM metrics vLLM's own names in Prometheus.
 
 The observability integration test checks that every metric name found here is really
 exported by a running cluster, so a renamed metric cannot silently blank a panel or an alert.
@@ -13,9 +14,24 @@ from typing import Iterator
 
 import yaml
 
-# Every metric tandem exports is a Ray metric, so every name a query uses starts with `ray_`;
-# recording rules (`tandem:...`) are derived names, not exported ones.
-_METRIC = re.compile(r"\bray_[a-zA-Z0-9_]+")
+# Every metric tandem exports is a Ray metric on Ray's export port, named `ray_<name>`: tandem's
+# own (`ray_tandem_...`) and each engine's vLLM metrics, which vLLM's Ray stat logger records as
+# `vllm_<name>` (a Ray name allows no ':', cluster/engine/vllm_ray_metrics.py). Prometheus renames
+# those back to vLLM's `vllm:<name>` as it scrapes (VLLM_RELABEL), so dashboards query that.
+# Recording rules (`tandem:...`) are derived names, not exported ones.
+_METRIC = re.compile(r"\b(?:ray_[a-zA-Z0-9_]+|vllm:[a-zA-Z0-9_]+)")
+RAY_VLLM_PREFIX = "ray_vllm_"
+
+# A Prometheus metric_relabel_config: `ray_vllm_<name>` → `vllm:<name>`. The chart's PodMonitor
+# (templates/podmonitor.yaml, as metricRelabelings) and the observability test's Prometheus
+# apply it; a Prometheus of your own scraping Ray's port needs it too (README, Observability).
+VLLM_RELABEL = {"source_labels": ["__name__"], "regex": f"{RAY_VLLM_PREFIX}(.+)", "target_label": "__name__",
+                "replacement": "vllm:${1}", "action": "replace"}
+
+
+def on_ray_port(name: str) -> str:
+    """The name a queried metric has on Ray's export port: `vllm:x` is `ray_vllm_x` there."""
+    return RAY_VLLM_PREFIX + name[len("vllm:"):] if name.startswith("vllm:") else name
 
 
 def _dashboard_exprs(path: Path) -> Iterator[str]:
@@ -51,5 +67,5 @@ def queries(chart_dir: Path) -> dict[str, list[str]]:
 
 
 def metric_names_used(chart_dir: Path) -> set[str]:
-    """Exported metric names (`ray_...`, with _bucket/_sum/_count/_total as queried)."""
+    """Metric names queried (`ray_...` and `vllm:...`, with _bucket/_sum/_count/_total as queried)."""
     return {name for exprs in queries(chart_dir).values() for expr in exprs for name in _METRIC.findall(expr)}

@@ -1,10 +1,12 @@
 """The vLLM Prometheus samples tandem reads, in one table (UPSTREAM.md, "vLLM metric names").
 
 vLLM keeps its metrics in the engine replica's process; cluster/engine/metrics.py reads them
-into Readings keyed by (sample name, "source" label), and the engine's stats, the exporter,
-the autoscaling signals and FakeEngine all use the keys below. Why one table: a metric that
-vLLM renames reads 0, not an error, and the decider, autoscaling and dashboards go blind
-silently. tests/unit/test_upstream_seams.py checks every family here against the vLLM
+into Readings keyed by (sample name, "source" label), and the engine's stats, the exporter of
+three exact sums, the autoscaling signals, the routing stats and FakeEngine all use the keys
+below: only what tandem itself reads. (Prometheus and the dashboards get every vLLM series
+under vLLM's own name from vLLM's Ray stat logger, cluster/engine/vllm_ray_metrics.py, with
+no table.) Why one table: a metric that vLLM renames reads 0, not an error, and the decider
+and autoscaling go blind silently. tests/unit/test_upstream_seams.py checks every family here against the vLLM
 source that defines it, and tests/integration/test_vllm_metric_names.py against a live
 engine's registry.
 
@@ -26,11 +28,6 @@ FAMILIES: dict[str, str] = {
     "vllm:num_requests_waiting": LOGGERS,
     "vllm:kv_cache_usage_perc": LOGGERS,
     "vllm:prompt_tokens_by_source": LOGGERS,
-    "vllm:generation_tokens": LOGGERS,
-    "vllm:request_success": LOGGERS,
-    "vllm:prefix_cache_queries": LOGGERS,
-    "vllm:prefix_cache_hits": LOGGERS,
-    "vllm:num_preemptions": LOGGERS,
     "vllm:iteration_tokens_total": LOGGERS,
     "vllm:time_to_first_token_seconds": LOGGERS,
     "vllm:inter_token_latency_seconds": LOGGERS,
@@ -49,16 +46,10 @@ PROMPT_TOKENS_BY_SOURCE = "vllm:prompt_tokens_by_source_total"
 PROMPT_TOKENS_COMPUTED: Sample = (PROMPT_TOKENS_BY_SOURCE, "local_compute")
 PROMPT_TOKENS_CACHED: Sample = (PROMPT_TOKENS_BY_SOURCE, "local_cache_hit")
 PROMPT_TOKENS_TRANSFERRED: Sample = (PROMPT_TOKENS_BY_SOURCE, "external_kv_transfer")
-GENERATION_TOKENS: Sample = ("vllm:generation_tokens_total", None)
-REQUESTS_FINISHED: Sample = ("vllm:request_success_total", None)
-PREFIX_CACHE_QUERIES: Sample = ("vllm:prefix_cache_queries_total", None)
-PREFIX_CACHE_HITS: Sample = ("vllm:prefix_cache_hits_total", None)
-PREEMPTIONS: Sample = ("vllm:num_preemptions_total", None)
 KV_FAILED_TRANSFERS: Sample = ("vllm:nixl_num_failed_transfers_total", None)
 
 # Histograms (sum and count).
 SCHEDULED_TOKENS: Sample = ("vllm:iteration_tokens_total_sum", None)
-STEPS: Sample = ("vllm:iteration_tokens_total_count", None)
 TTFT_SUM: Sample = ("vllm:time_to_first_token_seconds_sum", None)
 TTFT_COUNT: Sample = ("vllm:time_to_first_token_seconds_count", None)
 ITL_SUM: Sample = ("vllm:inter_token_latency_seconds_sum", None)
@@ -72,9 +63,8 @@ KV_TRANSFER_SECONDS: Sample = ("vllm:nixl_xfer_time_seconds_sum", None)
 # Every sample above, for the checks against vLLM's source and a live registry.
 SAMPLES: tuple[Sample, ...] = (
     REQUESTS_RUNNING, REQUESTS_WAITING, KV_CACHE_USAGE,
-    PROMPT_TOKENS_COMPUTED, PROMPT_TOKENS_CACHED, PROMPT_TOKENS_TRANSFERRED, GENERATION_TOKENS,
-    REQUESTS_FINISHED, PREFIX_CACHE_QUERIES, PREFIX_CACHE_HITS, PREEMPTIONS, KV_FAILED_TRANSFERS,
-    SCHEDULED_TOKENS, STEPS, TTFT_SUM, TTFT_COUNT, ITL_SUM, ITL_COUNT,
+    PROMPT_TOKENS_COMPUTED, PROMPT_TOKENS_CACHED, PROMPT_TOKENS_TRANSFERRED, KV_FAILED_TRANSFERS,
+    SCHEDULED_TOKENS, TTFT_SUM, TTFT_COUNT, ITL_SUM, ITL_COUNT,
     KV_BYTES_TRANSFERRED, KV_TRANSFERS, KV_TRANSFER_SECONDS,
 )
 # The prefix every vLLM family has: the reader keeps only these from the process's registry.

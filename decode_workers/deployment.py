@@ -34,6 +34,7 @@ class DecodeWorker(EngineReplica):
         bind_replica_grpc_on_node_address()
         self.tier = tier
         self.start_engine(engine_cls(build_engine_spec(cfg, tier, "kv_consumer")), tier)
+        HANDOFFS_EXPIRED.labels(tier=tier).inc(0)  # 0, not "no data", on the dashboard until one expires
 
     def start_engine(self, engine, tier: str) -> None:
         super().start_engine(engine, tier)

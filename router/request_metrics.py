@@ -60,6 +60,8 @@ def declare_series(tiers: Sequence[str]) -> None:
                              ("fallback_recompute", "bad_handoff")):
             disagg.ROUTES.labels(tier=tier, path=path, reason=reason).inc(0)
         disagg.DECODE_RETRIES.labels(tier=tier).inc(0)
+        disagg.FIRST_TOKEN.labels(tier=tier, path="prefill", reason="").inc(0)
+        routing.PD_DECISIONS.labels(tier=tier, path="remote", reason="prefill_ok").inc(0)
         for reason in ("no_first_token", "queue_full"):
             disagg.DECODE_REFUSED.labels(tier=tier, reason=reason).inc(0)
         for reason in ("queue_full", "queue_timeout", "expected_wait"):

@@ -22,8 +22,8 @@ Lifecycle and call order (every call in the replica's process):
      what piles up while the gateway reads, cluster/coalesce.py); pure, any thread.
    - `abort(request_id)`: at any time; an id the engine does not hold is ignored.
    - `metrics()`: the engine's counters as vLLM names them (metrics.py `Readings`); cheap,
-     non-blocking, any thread: the metrics exporter, the autoscaling signals and the routing
-     stats read it. `stats() -> EngineStats` is the typed view of the same reading.
+     non-blocking, any thread: the exporter of exact sums, the autoscaling signals and the
+     routing stats read it. `stats() -> EngineStats` is the typed view of the same reading.
    - `check_alive()`: raises when the engine has died (Serve's health probe).
 4. `shutdown()`: once or more (idempotent), from the replica's teardown; after it no other
    call is made. An engine whose start failed may be shut down too.
@@ -42,6 +42,7 @@ from typing import TYPE_CHECKING, Any, AsyncIterator, Optional, Sequence
 from cluster.config import EngineConfig, KVTransferConfig
 from cluster.engine.metrics import EngineStats, engine_stats
 from cluster.protocol import merge_outputs
+from cluster.types import PoolId
 from kv_transfer.handoff import EngineIdentity
 from kv_transfer.nixl import KVRole, NixlEndpoint
 
@@ -78,6 +79,9 @@ class EngineSpec:
     kv_events_host: Optional[str] = None
     reasoning_parser: Optional[str] = None  # model.reasoning_parser: structured outputs start after reasoning
     config_key: str = "engine"  # where `engine` sits in the YAML (tiers.<tier>.<pool>.engine): errors name it
+    # The pool the engine serves: its `vllm:*` metrics go out through Ray labelled with it
+    # (vllm_ray_metrics.py). None outside a cluster (tests, benchmarks): vLLM's registry only.
+    pool: Optional[PoolId] = None
 
 
 @dataclass(frozen=True)

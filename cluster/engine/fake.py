@@ -21,8 +21,8 @@ Behaviour:
   hashes blocks (cluster/hashing.py, proven equal to a real engine's by
   tests/integration/test_kv_router.py): the router's subscribers and prefix index follow a
   fake engine as they follow a real one. No eviction: nothing is ever removed.
-- Counters: the same vLLM metric names VLLMEngine reads (metrics.py), so stats, the metrics
-  exporter, the autoscaling signals and the routing stats work unchanged; `stats()` adds the
+- Counters: the same vLLM metric names VLLMEngine reads (metrics.py), so stats, the exporter
+  of exact sums, the autoscaling signals and the routing stats work unchanged; `stats()` adds the
   request ids seen, pulled, recomputed, aborted and cancelled (FakeEngineStats), so a test
   tells which replica did what.
 - Knobs (FakeKnobs): latency (start, prefill, per token) and failures (prefill raises, pull
@@ -307,10 +307,7 @@ class FakeEngine(Engine):
                     self._add(vm.ITL_SUM, now - last)
                     self._add(vm.ITL_COUNT)
                 last = now
-                self._add(vm.GENERATION_TOKENS)
                 done = i == limit - 1
-                if done:
-                    self._add(vm.REQUESTS_FINISHED)
                 yield self._output(rid, [token], "length" if done else None)
         finally:  # also when the caller closes the stream early (the client left)
             if not done and not aborted.is_set():

@@ -6,9 +6,10 @@ on the replica side is made from Readings, through `Engine.metrics()` (base.py),
 FakeEngine that synthesises the same samples drives all of it:
 - `engine_stats(worker_id, readings)`: the typed EngineStats (Engine.stats(), the gateway's
   health probe, tests);
-- `EngineMetricsExporter`: a fixed set republished as tandem's Ray metrics
-  (cluster/metrics.py) with the labels vLLM cannot know: tier, pool and replica. Gauges are
-  copied; vLLM's cumulative counters go out as increments since the last export;
+- `EngineMetricsExporter`: the sums of three vLLM histograms republished exact as tandem's Ray
+  counters (cluster/metrics.py) labelled tier, pool and replica, as increments since the last
+  export (below: why). Every other engine metric goes out under vLLM's own name, `vllm:*`,
+  through vLLM's Ray stat logger (vllm_ray_metrics.py);
 - the autoscaling signals (cluster/autoscaling/signals.py) and the routing stats' mean
   token gap (replica.py), from the same Readings.
 
@@ -25,7 +26,7 @@ from dataclasses import dataclass
 from typing import Callable, Optional
 
 from cluster import vllm_metrics as vm  # the vLLM metric names, one table
-from cluster.metrics import Counter, Gauge
+from cluster.metrics import Counter
 
 log = logging.getLogger(__name__)
 
@@ -48,7 +49,7 @@ class EngineStats:
     prompt_tokens_transferred: float
     kv_bytes_transferred: float
     # NIXL transfers this engine completed: vLLM's nixl_xfer_time histogram count, the same
-    # count the exporter publishes as tandem_engine_kv_transfers (below).
+    # count Prometheus holds as vllm:nixl_xfer_time_seconds_count.
     kv_transfers: float
     kv_failed_transfers: float
     requests_running: float
@@ -88,49 +89,22 @@ def engine_stats(worker_id: str, values: Readings) -> EngineStats:
         kv_transfer_seconds=values.get(vm.KV_TRANSFER_SECONDS, 0.0),
     )
 
-# tandem gauge ← vLLM sample (name, source label)
-GAUGES: dict[str, tuple[str, Optional[str]]] = {
-    "tandem_engine_requests_running": vm.REQUESTS_RUNNING,
-    "tandem_engine_requests_waiting": vm.REQUESTS_WAITING,
-    "tandem_engine_kv_cache_usage": vm.KV_CACHE_USAGE,
-}
-# tandem counter ← vLLM cumulative sample
+# tandem counter ← vLLM histogram sum. Every `vllm:*` series goes out through Ray under vLLM's
+# own name (vllm_ray_metrics.py), but Ray's agent rebuilds a histogram's `_sum` from its bucket
+# midpoints (ray/_private/telemetry/open_telemetry_metric_recorder.py,
+# record_histogram_aggregated_batch): vLLM's NIXL byte buckets are 4x apart, so
+# `vllm:nixl_bytes_transferred_sum` can be off by half. The sums tandem's dashboards divide go
+# out exact here too. (The counts, `_count`, are exact in vLLM's series.)
 COUNTERS: dict[str, tuple[str, Optional[str]]] = {
-    "tandem_engine_generation_tokens": vm.GENERATION_TOKENS,
-    "tandem_engine_prompt_tokens_computed": vm.PROMPT_TOKENS_COMPUTED,
-    "tandem_engine_prompt_tokens_cached": vm.PROMPT_TOKENS_CACHED,
-    "tandem_engine_prompt_tokens_transferred": vm.PROMPT_TOKENS_TRANSFERRED,
-    "tandem_engine_prefix_cache_queries": vm.PREFIX_CACHE_QUERIES,
-    "tandem_engine_prefix_cache_hits": vm.PREFIX_CACHE_HITS,
     "tandem_engine_scheduled_tokens": vm.SCHEDULED_TOKENS,
-    "tandem_engine_steps": vm.STEPS,
-    "tandem_engine_preemptions": vm.PREEMPTIONS,
-    "tandem_engine_requests_finished": vm.REQUESTS_FINISHED,
     "tandem_engine_kv_transfer_bytes": vm.KV_BYTES_TRANSFERRED,
-    "tandem_engine_kv_transfers": vm.KV_TRANSFERS,
     "tandem_engine_kv_transfer_seconds": vm.KV_TRANSFER_SECONDS,
-    "tandem_engine_kv_transfer_failures": vm.KV_FAILED_TRANSFERS,
 }
 _DOCS = {
-    "tandem_engine_requests_running": "Sequences in the engine's running batch (decode: the batch size).",
-    "tandem_engine_requests_waiting": "Requests queued inside the engine.",
-    "tandem_engine_kv_cache_usage": "Fraction of the engine's KV cache blocks in use (0-1).",
-    "tandem_engine_generation_tokens": "Tokens generated (tokens/s per replica: the basis of tokens per dollar).",
-    "tandem_engine_prompt_tokens_computed": "Prompt tokens this engine computed itself.",
-    "tandem_engine_prompt_tokens_cached": "Prompt tokens served from this engine's prefix cache.",
-    "tandem_engine_prompt_tokens_transferred": "Prompt tokens whose KV arrived over NIXL.",
-    "tandem_engine_prefix_cache_queries": "Prompt tokens looked up in the prefix cache.",
-    "tandem_engine_prefix_cache_hits": "Prompt tokens found in the prefix cache.",
-    "tandem_engine_scheduled_tokens": "Tokens scheduled over all engine steps (divided by steps: the batch size in tokens).",
-    "tandem_engine_steps": "Engine steps (forward passes).",
-    "tandem_engine_preemptions": "Requests preempted for lack of KV cache.",
-    "tandem_engine_requests_finished": "Requests the engine finished.",
-    "tandem_engine_kv_transfer_bytes": "KV bytes this engine pulled over NIXL.",
-    "tandem_engine_kv_transfers": "NIXL KV transfers this engine completed.",
-    "tandem_engine_kv_transfer_seconds": "Seconds spent in NIXL KV transfers.",
-    "tandem_engine_kv_transfer_failures": "NIXL KV transfers that failed (vLLM then recomputes).",
+    "tandem_engine_scheduled_tokens": "Tokens scheduled over all engine steps (vllm:iteration_tokens_total_sum, exact).",
+    "tandem_engine_kv_transfer_bytes": "KV bytes this engine pulled over NIXL (vllm:nixl_bytes_transferred_sum, exact).",
+    "tandem_engine_kv_transfer_seconds": "Seconds spent in NIXL KV transfers (vllm:nixl_xfer_time_seconds_sum, exact).",
 }
-_GAUGE_METRICS = {name: Gauge(name, _DOCS[name], LABELS) for name in GAUGES}
 _COUNTER_METRICS = {name: Counter(name, _DOCS[name], LABELS) for name in COUNTERS}
 
 
@@ -145,12 +119,9 @@ class EngineMetricsExporter:
         self._failed = False
 
     def export_once(self) -> dict[str, float]:
-        """Publish one reading; returns what went out (gauge values, counter increments)."""
+        """Publish one reading; returns what went out (counter increments)."""
         values = self._read()
         out: dict[str, float] = {}
-        for name, key in GAUGES.items():
-            out[name] = values.get(key, 0.0)
-            _GAUGE_METRICS[name].labels(**self.labels).set(out[name])
         for name, key in COUNTERS.items():
             total = values.get(key, 0.0)
             # From 0 on the first reading: the engine started with this exporter.

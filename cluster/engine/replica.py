@@ -89,6 +89,7 @@ def build_engine_spec(cfg: ClusterConfig, tier: str, role: KVRole) -> EngineSpec
         kv_events_host=host if cfg.routing.kv_events and pool.engine.enable_prefix_caching else None,
         reasoning_parser=cfg.model.reasoning_parser,
         config_key=f"tiers.{tier}.{pool_name}.engine",
+        pool=PoolId(tier, pool_name),
     )
 
 
@@ -111,7 +112,8 @@ class EngineReplica:
         self.export_metrics(tier)
 
     def export_metrics(self, tier: str) -> None:
-        """Publish this engine's metrics (labelled tier, pool, replica) every 2 s."""
+        """Publish the exact sums of this engine's vLLM histograms (labelled tier, pool, replica)
+        every 2 s; vLLM's own series go out through its Ray stat logger (vllm_ray_metrics.py)."""
         pool = "prefill" if self.info.kv_role == "kv_producer" else "decode"
         self._metrics = EngineMetricsExporter(tier, pool, self.info.worker_id, self.engine.metrics).start()
 

@@ -2,7 +2,8 @@
 role (producer, consumer) is the spec's kv_role, nothing else differs.
 
 What `start()` does: sets this process's engine environment (core binding, NIXL side channel,
-UCX, the no-spin and niceness hooks of cluster/vllm_plugin.py), builds the AsyncLLM (it returns
+UCX, the no-spin and niceness hooks of cluster/vllm_plugin.py), builds the AsyncLLM with its
+stat loggers (its `vllm:*` metrics also go out through Ray, vllm_ray_metrics.py; it returns
 once the EngineCore child is up) and reads back the KV-event sockets it bound. Closing a
 `generate` stream early aborts the request inside vLLM. `shutdown()` makes the EngineCore child
 exit and release its /dev/shm segments.
@@ -85,6 +86,16 @@ def engine_args(spec: EngineSpec) -> Any:
     )
 
 
+def engine_stat_loggers(spec: EngineSpec) -> Optional[list[type]]:
+    """vLLM's stat loggers for the engine: in a cluster its `vllm:*` metrics also go out
+    through Ray labelled with its pool (vllm_ray_metrics.py); else vLLM's defaults."""
+    if spec.pool is None:
+        return None
+    from cluster.engine.vllm_ray_metrics import stat_loggers
+
+    return stat_loggers(spec.pool.tier, spec.pool.role, spec.worker_id)
+
+
 def _sampling_params(request: EngineRequest, *, max_tokens: int, kv_params: Optional[dict[str, Any]],
                      prefill: bool = False):
     """The request's own SamplingParams (vLLM's serving code made them) for one hop: its
@@ -136,7 +147,7 @@ class VLLMEngine(Engine):
 
         args = engine_args(spec)
         log.info("starting vLLM engine %s (%s) with %s", spec.worker_id, spec.kv_role, spec.model_path)
-        self._llm = AsyncLLM.from_engine_args(args)
+        self._llm = AsyncLLM.from_engine_args(args, stat_loggers=engine_stat_loggers(spec))
         try:
             kv_events = None
             if spec.kv_events_host is not None:

@@ -4,8 +4,11 @@
 
 The JSON is committed (the chart ships it in a ConfigMap, `tandem grafana-push` uploads it);
 this script is its source, and tests/unit/test_dashboards.py checks the two agree.
-Every query uses only names from the metric catalogue (Ray metrics, prefix `ray_`) and
-aggregates with `by`, because Ray adds per-process labels (WorkerId, NodeAddress, ...).
+Every query uses only names from the metric catalogue: tandem's Ray metrics (prefix `ray_`) and
+the engines' own vLLM metrics under vLLM's names (`vllm:`, which Prometheus gets by the
+relabelling in cluster/observability.py VLLM_RELABEL; the chart's PodMonitor applies it, so the
+same series serve a dashboard written for `vllm serve`). Every query aggregates with `by`,
+because Ray adds per-process labels (WorkerId, NodeAddress, ...).
 """
 
 from __future__ import annotations
@@ -126,19 +129,19 @@ def pools() -> dict:
 
     return dashboard("tandem-pools", "Pools", "Each engine pool (tier and prefill/decode): queues, batches, KV cache, replicas.", [
         panel("Queued requests", [
-            target(f"sum by (tier, pool) (ray_tandem_engine_requests_waiting{{{TIER}}})", "{{tier}}-{{pool}} engine waiting"),
+            target(f"sum by (tier, pool) (vllm:num_requests_waiting{{{TIER}}})", "{{tier}}-{{pool}} engine waiting"),
             target(f"sum by (tier) (ray_tandem_admission_queued{{{TIER}}})", "{{tier}} gateway admission queue"),
         ], "short", "Engines' waiting queues and the gateway's per-tier admission queue."),
         panel("Running sequences (batch size)", [
-            target(f"sum by (tier, pool) (ray_tandem_engine_requests_running{{{TIER}}})", "{{tier}}-{{pool}}"),
+            target(f"sum by (tier, pool) (vllm:num_requests_running{{{TIER}}})", "{{tier}}-{{pool}}"),
             target(f"sum by (tier) (ray_tandem_admission_running{{{TIER}}})", "{{tier}} admitted by the gateway"),
             target(f"sum by (tier) (ray_tandem_admission_limit{{{TIER}}})", "{{tier}} places the gateway offers"),
         ], "short", "The gateway's places adapt to the tier's TTFT target (admission.target_ttft_s)."),
         panel("Batch size in tokens per engine step", [target(
-            f"{engine('ray_tandem_engine_scheduled_tokens_total')}\n/ {engine('ray_tandem_engine_steps_total')}",
+            f"{engine('ray_tandem_engine_scheduled_tokens_total')}\n/ {engine('vllm:iteration_tokens_total_count')}",
             "{{tier}}-{{pool}}")], "short", "Tokens scheduled per forward pass, averaged over the pool."),
         panel("KV cache usage per replica", [target(
-            f"max by (tier, pool, replica) (ray_tandem_engine_kv_cache_usage{{{TIER}}})", "{{replica}}")],
+            f"max by (tier, pool, replica) (vllm:kv_cache_usage_perc{{{TIER}}})", "{{replica}}")],
             "percentunit", max_value=1),
         panel("Replicas per pool", [
             target(f'sum by (deployment) (ray_serve_deployment_replica_healthy{{application="tandem", {DEPLOYMENT}}})',
@@ -152,9 +155,9 @@ def pools() -> dict:
             f"sum by (deployment, direction) (increase(ray_tandem_autoscaling_decisions_total{{{DEPLOYMENT}}}{RATE}))",
             "{{deployment}} {{direction}}")], "short", stacked=True),
         panel("Output tokens per second per replica", [
-            target(engine("ray_tandem_engine_generation_tokens_total", "tier, pool, replica"), "{{replica}}")], "short"),
+            target(engine("vllm:generation_tokens_total", "tier, pool, replica"), "{{replica}}")], "short"),
         panel("Preemptions per second", [
-            target(engine("ray_tandem_engine_preemptions_total", "tier, pool, replica"), "{{replica}}")], "short",
+            target(engine("vllm:num_preemptions_total", "tier, pool, replica"), "{{replica}}")], "short",
             "Requests preempted for lack of KV cache."),
     ])
 
@@ -163,20 +166,21 @@ def kv_transfer() -> dict:
     def per_tier(metric: str) -> str:
         return f"sum by (tier) ({rate(metric, TIER, DECODE)})"
 
-    sources = {"transferred": "ray_tandem_engine_prompt_tokens_transferred_total",
-               "computed": "ray_tandem_engine_prompt_tokens_computed_total",
-               "cached": "ray_tandem_engine_prompt_tokens_cached_total"}
-    total = "\n+ ".join(per_tier(m) for m in sources.values())
+    by_source = "vllm:prompt_tokens_by_source_total"
+    transfers = "vllm:nixl_xfer_time_seconds_count"
     return dashboard("tandem-kv-transfer", "KV transfer", "Prefill-to-decode KV cache handoff over NIXL (decode side pulls).", [
         panel("KV bytes pulled per second", [target(
             f"sum by (tier, replica) ({rate('ray_tandem_engine_kv_transfer_bytes_total', TIER, DECODE)})", "{{replica}}")],
             "Bps"),
-        panel("KV transfers per second", [target(per_tier("ray_tandem_engine_kv_transfers_total"), "{{tier}}")], "short"),
+        panel("KV transfers per second", [target(per_tier(transfers), "{{tier}}")], "short"),
         panel("Mean KV transfer time", [target(
-            f"{per_tier('ray_tandem_engine_kv_transfer_seconds_total')}\n/ {per_tier('ray_tandem_engine_kv_transfers_total')}",
+            f"{per_tier('ray_tandem_engine_kv_transfer_seconds_total')}\n/ {per_tier(transfers)}",
             "{{tier}}")], "s"),
-        panel("KV transfer failures per second", [
-            target(per_tier("ray_tandem_engine_kv_transfer_failures_total"), "{{tier}}")], "short"),
+        panel("KV transfer failures and expired handoffs per second", [
+            target(per_tier("vllm:nixl_num_failed_transfers_total"), "{{tier}} NIXL transfers failed"),
+            target(f"sum by (tier) ({rate('ray_tandem_handoffs_expired_total')})", "{{tier}} handoffs expired"),
+        ], "short", "Both recompute the prompt on decode. Expired: the handoff reached decode after the "
+                    "prefill engine's KV lease, so its blocks were never pulled."),
         panel("Recomputed on decode (fallback)", [target(
             f"sum by (tier, reason) ({rate('ray_tandem_route_total', TIER, RECOMPUTE)})",
             "{{tier}} {{reason}}")], "reqps", "Requests whose prefill hop failed, so decode computed the prompt itself.",
@@ -188,8 +192,9 @@ def kv_transfer() -> dict:
             target(quantile(q, "ray_tandem_decode_first_token_seconds", "tier, path"),
                    f"{{{{tier}}}} {{{{path}}}} p{round(q * 100)}") for q in (0.5, 0.95)
         ], "s", "Decode pulls the KV and runs one step."),
-        panel("Decode pool: where prompt tokens came from", [
-            target(f"{per_tier(metric)}\n/ ({total})", f"{{{{tier}}}} {name}") for name, metric in sources.items()
+        panel("Decode pool: where prompt tokens came from", [target(
+            f"sum by (tier, source) ({rate(by_source, TIER, DECODE)})\n"
+            f"/ ignoring (source) group_left sum by (tier) ({rate(by_source, TIER, DECODE)})", "{{tier}} {{source}}")
         ], "percentunit", "Share of the decode engines' prompt tokens: transferred over NIXL, computed, or prefix-cached.",
             stacked=True, max_value=1),
     ])
@@ -198,12 +203,29 @@ def kv_transfer() -> dict:
 def router() -> dict:
     predicted = (f"sum by (tier) ({rate('ray_tandem_routing_predicted_hit_tokens_total', TIER, PREFILL)})"
                  f"\n/ sum by (tier) ({rate('ray_tandem_routing_prompt_tokens_total')})")
-    engine = (f"sum by (tier) ({rate('ray_tandem_engine_prefix_cache_hits_total', TIER, PREFILL)})"
-              f"\n/ sum by (tier) ({rate('ray_tandem_engine_prefix_cache_queries_total', TIER, PREFILL)})")
-    return dashboard("tandem-router", "Router", "Prefix-aware routing: decisions, predicted vs real cache hits, KV events.", [
-        panel("Routing decisions", [target(
-            f"sum by (tier, path, reason) ({rate('ray_tandem_routing_decisions_total')})", "{{tier}} {{path}} {{reason}}")],
-            "reqps", stacked=True),
+    engine = (f"sum by (tier) ({rate('vllm:prefix_cache_hits_total', TIER, PREFILL)})"
+              f"\n/ sum by (tier) ({rate('vllm:prefix_cache_queries_total', TIER, PREFILL)})")
+
+    def by_path(metric: str) -> list[dict]:
+        return [target(f"sum by (tier, path, reason) ({rate(metric)})", "{{tier}} {{path}} {{reason}}")]
+
+    return dashboard("tandem-router", "Router", "P/D decisions, prefix-aware routing, predicted vs real cache hits, KV events.", [
+        panel("Serving path by reason", by_path("ray_tandem_route_total"), "reqps",
+              "The path each request took: disaggregated, decode_only, prefill_only, fallback_recompute (with "
+              "why the prefill hop failed), router_error.", stacked=True),
+        panel("P/D decider verdicts", by_path("ray_tandem_pd_decisions_total"), "reqps",
+              "remote (prefill then decode), local (decode computes the prompt) or whole (all on prefill), "
+              "with the rule that decided.", stacked=True),
+        panel("First token source", by_path("ray_tandem_first_token_total"), "reqps",
+              "Disaggregated requests by where the first token was sampled: prefill (reused) or decode, with "
+              "what kept the prefill's token from being used.", stacked=True),
+        panel("Decode hops refused or retried", [
+            target(f"sum by (tier, reason) ({rate('ray_tandem_decode_refused_total')})", "{{tier}} refused {{reason}}"),
+            target(f"sum by (tier) ({rate('ray_tandem_decode_retries_total')})", "{{tier}} retried"),
+        ], "reqps", "Refused (429): no first token within the deadline or Serve's queue full; retried before "
+                    "the first token."),
+        panel("Routing decisions", by_path("ray_tandem_routing_decisions_total"), "reqps",
+              "Which engines the prefix-aware router picked, by pool.", stacked=True),
         panel("Prefix hit rate: router-predicted vs engine-reported", [
             target(predicted, "{{tier}} predicted by the router"),
             target(engine, "{{tier}} prefill engines"),

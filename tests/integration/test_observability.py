@@ -1,9 +1,11 @@
 """Issue 5: the metrics the dashboards and alert rules use really exist, and a real Prometheus
-scrapes the running cluster.
+scrapes the running cluster. Issue 28: every engine's vLLM metrics are there under vLLM's names,
+per pool.
 
 After a few requests through both tiers, every metric name referenced by a dashboard panel
-or a recording/alert rule must appear in the Prometheus text of the cluster's Ray nodes.
-Then Debian's `prometheus` scrapes those nodes and a TTFT query returns data.
+or a recording/alert rule must appear in the Prometheus text of the cluster's Ray nodes (a
+`vllm:x` as Ray exports it, `ray_vllm_x`). Then Debian's `prometheus` scrapes those nodes with
+the chart's relabelling, and a TTFT query and vLLM's own `vllm:` queries return data per pool.
 """
 
 from __future__ import annotations
@@ -17,7 +19,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from cluster.observability import metric_names_used
+import yaml
+
+from cluster.observability import VLLM_RELABEL, metric_names_used, on_ray_port
 from tests.conftest import TEST_STATE
 from tests.support.integration_cluster import METRICS_PORTS, MODEL_NAME, scrape_metrics, wait_for_metric
 
@@ -39,15 +43,16 @@ def scraped(base_url) -> str:
     _traffic(base_url)
     scrapes: list[str] = []
     try:
-        # The engine exporters publish every 2 s, Ray exports every 1 s here.
-        wait_for_metric("ray_tandem_engine_generation_tokens_total", 1, pool="decode", tier="batch")
+        # vLLM's logger records each step, its values reach Ray within 1 s (cluster/metrics.py),
+        # Ray exports every 1 s here.
+        wait_for_metric("ray_vllm_generation_tokens_total", 1, pool="decode", tier="batch")
         wait_for_metric("ray_tandem_requests_total", 3, outcome="ok")
         time.sleep(3)
         # Scrapes over up to 30 s, as Prometheus would take them: Serve's controller records
         # some gauges (ray_serve_deployment_replica_healthy) only at each health check (every
         # 10 s), and Ray drops a gauge series after two report intervals (2 s in this test
         # cluster, 20 s by default), so here such a series shows in some scrapes only.
-        used, deadline = metric_names_used(CHART), time.monotonic() + 30
+        used, deadline = {on_ray_port(n) for n in metric_names_used(CHART)}, time.monotonic() + 30
         while True:
             scrapes.append(scrape_metrics())
             if not used - _names("\n".join(scrapes)) or time.monotonic() > deadline:
@@ -65,7 +70,7 @@ def _names(text: str) -> set[str]:
 
 def test_every_metric_in_dashboards_and_rules_is_exported(scraped):
     exported = _names(scraped)
-    used = metric_names_used(CHART)
+    used = {on_ray_port(n) for n in metric_names_used(CHART)}
     assert len(used) >= 20, used
     missing = sorted(used - exported)
     assert missing == [], f"used by dashboards/rules but not exported: {missing}"
@@ -75,9 +80,26 @@ def test_engine_metrics_carry_tier_pool_and_replica(scraped):
     for tier in ("interactive", "batch"):
         for pool in ("prefill", "decode"):
             assert f'pool="{pool}"' in scraped and f'tier="{tier}"' in scraped
-    lines = [ln for ln in scraped.splitlines() if ln.startswith("ray_tandem_engine_kv_cache_usage{")]
+    lines = [ln for ln in scraped.splitlines() if ln.startswith("ray_vllm_kv_cache_usage_perc{")]
     replicas = {ln.split('replica="')[1].split('"')[0] for ln in lines}
     assert len(replicas) >= 5, replicas  # 2 + 1 interactive, 1 + 1 batch engines (conftest)
+
+
+# What dashboards written for `vllm serve` query most (vLLM's own Grafana example among them).
+VLLM_DASHBOARD_SERIES = ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc",
+                         "vllm:time_to_first_token_seconds_bucket", "vllm:inter_token_latency_seconds_bucket",
+                         "vllm:e2e_request_latency_seconds_bucket", "vllm:prompt_tokens_total",
+                         "vllm:generation_tokens_total", "vllm:request_success_total")
+
+
+def test_every_engine_exports_vllms_own_series_labelled_with_its_pool(scraped):
+    """Each engine's vLLM metrics, by vLLM's names (as Ray exports them) and labelled with the
+    engine's tier, pool and replica, like `vllm serve`'s /metrics for that engine."""
+    for name in VLLM_DASHBOARD_SERIES:
+        series = [ln for ln in scraped.splitlines() if ln.startswith(on_ray_port(name) + "{")]
+        pools = {(ln.split('tier="')[1].split('"')[0], ln.split('pool="')[1].split('"')[0]) for ln in series}
+        assert pools == {(t, p) for t in ("interactive", "batch") for p in ("prefill", "decode")}, (name, pools)
+        assert all('model_name="' in ln for ln in series), name  # vLLM's own labels stay
 
 
 def _free_port() -> int:
@@ -91,8 +113,10 @@ def test_a_real_prometheus_scrapes_the_cluster_and_answers_a_ttft_query(base_url
     port = _free_port()
     targets = ", ".join(f"'127.0.0.1:{p}'" for p in METRICS_PORTS.values())
     config = tmp_path / "prometheus.yml"
+    relabel = yaml.safe_dump([VLLM_RELABEL], default_flow_style=True).strip()
     config.write_text(f"global: {{scrape_interval: 1s, evaluation_interval: 2s}}\nscrape_configs:\n"
-                      f"  - job_name: tandem-ray\n    static_configs: [{{targets: [{targets}]}}]\n")
+                      f"  - job_name: tandem-ray\n    static_configs: [{{targets: [{targets}]}}]\n"
+                      f"    metric_relabel_configs: {relabel}\n")
     rules = sorted((CHART / "rules").glob("*.yaml"))
     config.write_text(config.read_text() + "rule_files:\n" + "".join(f"  - {r}\n" for r in rules))
     server = subprocess.Popen(
@@ -130,6 +154,13 @@ def test_a_real_prometheus_scrapes_the_cluster_and_answers_a_ttft_query(base_url
             time.sleep(2)
             p95 = httpx.get(f"{api}/query", params={"query": "tandem:ttft_seconds:p95_5m"}, timeout=10).json()["data"]["result"]
         assert p95, "recording rule tandem:ttft_seconds:p95_5m produced nothing"
+        # vLLM's names, as a dashboard for `vllm serve` queries them, per pool.
+        for query in ("sum by (tier, pool) (vllm:num_requests_running)",
+                      "sum by (tier, pool) (rate(vllm:generation_tokens_total[1m]))",
+                      "histogram_quantile(0.9, sum by (le, tier, pool) (rate(vllm:time_to_first_token_seconds_bucket[1m])))"):
+            result = httpx.get(f"{api}/query", params={"query": query}, timeout=10).json()["data"]["result"]
+            pools = {(r["metric"]["tier"], r["metric"]["pool"]) for r in result}
+            assert pools == {(t, p) for t in ("interactive", "batch") for p in ("prefill", "decode")}, (query, result)
     finally:
         server.terminate()
         server.wait(timeout=30)

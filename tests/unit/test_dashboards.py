@@ -4,6 +4,8 @@ PromQL that Prometheus accepts (`promtool check rules` on the queries as recordi
 
 from __future__ import annotations
 
+import ast
+import functools
 import importlib.util
 import json
 import re
@@ -21,27 +23,60 @@ CHART = REPO / "deploy" / "helm" / "tandem"
 DASHBOARDS = sorted((CHART / "dashboards").glob("*.json"))
 EXPECTED = {"tandem-slo.json", "tandem-pools.json", "tandem-kv-transfer.json", "tandem-router.json"}
 
-# The metric catalogue (issue 5): what the gateway, the engines and the autoscaler export as Ray
-# metrics, and the one Serve metric the dashboards use.
-_HISTOGRAMS = ["ttft_seconds", "itl_seconds", "e2e_seconds", "prefill_hop_seconds", "decode_first_token_seconds",
-               "routing_decision_seconds"]
-_COUNTERS = ["requests", "http_responses", "prompt_tokens", "output_tokens", "admission_rejected", "route",
-             "decode_retries", "routing_decisions", "routing_predicted_hit_tokens", "routing_prompt_tokens",
-             "kv_events", "prefix_index_unavailable", "autoscaling_decisions",
-             *(f"engine_{name}" for name in (
-                 "generation_tokens", "prompt_tokens_computed", "prompt_tokens_cached", "prompt_tokens_transferred",
-                 "prefix_cache_queries", "prefix_cache_hits", "scheduled_tokens", "steps", "preemptions",
-                 "requests_finished", "kv_transfer_bytes", "kv_transfers", "kv_transfer_seconds",
-                 "kv_transfer_failures"))]
-_GAUGES = ["admission_running", "admission_queued", "admission_limit", "engine_requests_running", "engine_requests_waiting",
-           "engine_kv_cache_usage", "autoscaling_target_replicas", "autoscaling_current_replicas"]
-CATALOGUE = {
-    *(f"ray_tandem_{h}_{part}" for h in _HISTOGRAMS for part in ("bucket", "sum", "count")),
-    *(f"ray_tandem_{c}_total" for c in _COUNTERS),
-    *(f"ray_tandem_{g}" for g in _GAUGES),
-    "ray_serve_deployment_replica_healthy",
+# The metric catalogue: what tandem's code declares (cluster/metrics.py Counter, Gauge, Histogram;
+# Ray exports them as ray_<name>), each engine's vLLM metrics as vLLM's source declares them
+# (Prometheus holds them as vllm:<name>, cluster/observability.py VLLM_RELABEL), and the one Serve
+# metric the dashboards use.
+CODE = [REPO / d for d in ("cluster", "router", "kv_transfer", "prefill_workers", "decode_workers")]
+SUFFIXES = {"Counter": ("_total",), "Gauge": ("",), "Histogram": ("_bucket", "_sum", "_count"),
+            "counter": ("_total",), "gauge": ("",), "histogram": ("_bucket", "_sum", "_count")}
+# Declared by tandem, on no dashboard, and why.
+INTERNAL = {
+    "tandem_health_probes": "the cost of the gateway's readiness probing (one probe of every engine per "
+                            "health interval): for debugging /health, not for operating",
 }
-METRIC = re.compile(r"\bray_[a-zA-Z0-9_]+")
+
+
+def declared_tandem_metrics() -> dict[str, str]:
+    """name → Counter | Gauge | Histogram, for every metric tandem's code declares."""
+    from cluster.engine import metrics as engine_metrics
+
+    declared = {name: "Counter" for name in engine_metrics.COUNTERS}  # declared in a loop over these
+    for path in (p for d in CODE for p in d.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in SUFFIXES
+                    and node.func.id[0].isupper() and node.args):
+                continue
+            name = node.args[0]
+            if isinstance(name, ast.Constant) and isinstance(name.value, str):
+                declared[name.value] = node.func.id
+            else:
+                assert path.name == "metrics.py" and path.parent.name == "engine", \
+                    f"{path}: a metric whose name is not a literal; list it here like engine_metrics.COUNTERS"
+    return declared
+
+
+def vllm_families() -> dict[str, str]:
+    """vLLM's metric families (name → gauge | counter | histogram), read from vLLM's source."""
+    import vllm
+
+    families = {}
+    for path in Path(vllm.__file__).parent.rglob("*.py"):
+        text = path.read_text()
+        if "vllm:" in text:
+            families.update({name: kind for kind, name in re.findall(
+                r"_(gauge|counter|histogram)_cls\(\s*name=\"(vllm:[^\"]+)\"", text)})
+    return families
+
+
+@functools.cache
+def catalogue() -> set[str]:
+    tandem = {f"ray_{name}{s}" for name, kind in declared_tandem_metrics().items() for s in SUFFIXES[kind]}
+    vllm = {f"{name}{s}" for name, kind in vllm_families().items() for s in SUFFIXES[kind]}
+    return tandem | vllm | {"ray_serve_deployment_replica_healthy"}
+
+
+METRIC = re.compile(r"\b(?:ray_[a-zA-Z0-9_]+|vllm:[a-zA-Z0-9_]+)")
 
 
 def _load(path: Path) -> dict:
@@ -90,13 +125,25 @@ def test_dashboards_query_only_catalogued_metrics():
     used = {name for file, exprs in queries(CHART).items() if file.endswith(".json")
             for expr in exprs for name in METRIC.findall(expr)}
     assert used, "no metric found in the dashboards"
-    assert used - CATALOGUE == set(), f"not in the metric catalogue: {sorted(used - CATALOGUE)}"
-    # The panels the issue asks for read these; a missing one means a panel went blank.
+    assert used - catalogue() == set(), f"not in the metric catalogue: {sorted(used - catalogue())}"
+    # The panels the issues ask for read these; a missing one means a panel went blank.
     for name in ("ray_tandem_ttft_seconds_bucket", "ray_tandem_itl_seconds_bucket", "ray_tandem_e2e_seconds_bucket",
-                 "ray_tandem_engine_kv_cache_usage", "ray_tandem_engine_kv_transfer_bytes_total",
-                 "ray_tandem_routing_predicted_hit_tokens_total", "ray_tandem_engine_prefix_cache_hits_total",
-                 "ray_serve_deployment_replica_healthy", "ray_tandem_autoscaling_target_replicas"):
+                 "vllm:kv_cache_usage_perc", "ray_tandem_engine_kv_transfer_bytes_total",
+                 "ray_tandem_routing_predicted_hit_tokens_total", "vllm:prefix_cache_hits_total",
+                 "ray_serve_deployment_replica_healthy", "ray_tandem_autoscaling_target_replicas",
+                 "ray_tandem_route_total", "ray_tandem_pd_decisions_total", "ray_tandem_first_token_total"):
         assert name in used, name
+
+
+def test_every_metric_tandem_declares_is_on_a_dashboard_or_listed_internal():
+    used = {name for file, exprs in queries(CHART).items() if file.endswith(".json")
+            for expr in exprs for name in METRIC.findall(expr)}
+    declared = declared_tandem_metrics()
+    assert len(declared) >= 30, sorted(declared)  # the scan found the declarations
+    shown = {name for name, kind in declared.items() if any(f"ray_{name}{s}" in used for s in SUFFIXES[kind])}
+    missing = sorted(set(declared) - shown - set(INTERNAL))
+    assert missing == [], f"on no dashboard: add a panel (deploy/helm/build_dashboards.py) or list it in INTERNAL: {missing}"
+    assert set(INTERNAL) <= set(declared) - shown, "INTERNAL lists a metric that is gone or on a dashboard"
 
 
 def test_every_query_aggregates_away_rays_per_process_labels():

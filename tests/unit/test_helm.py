@@ -149,6 +149,17 @@ def test_every_monitoring_resource_renders(chart):
     assert rule["spec"]["groups"][0]["rules"]
 
 
+def test_the_podmonitor_gives_vllms_metrics_vllms_names(chart):
+    """The rule the observability test's Prometheus applies, in the PodMonitor's spelling:
+    without it the dashboards' and users' `vllm:` queries find nothing."""
+    from cluster.observability import VLLM_RELABEL
+
+    [monitor] = by_kind(render(chart, preset_values("everything")), "PodMonitor")
+    [endpoint] = monitor["spec"]["podMetricsEndpoints"]
+    camel = {"source_labels": "sourceLabels", "target_label": "targetLabel"}
+    assert endpoint["metricRelabelings"] == [{camel.get(k, k): v for k, v in VLLM_RELABEL.items()}]
+
+
 @pytest.mark.parametrize("preset", ALL)
 def test_serve_config_is_accepted_by_ray_serve_and_cluster_config(chart, preset):
     from ray.serve.schema import ServeDeploySchema

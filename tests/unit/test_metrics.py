@@ -55,25 +55,25 @@ def test_gauges_are_recorded_again_so_a_still_value_does_not_age_out_of_ray():
     assert sorted(ray.sets, key=lambda s: s[1]["tier"]) == [(0.0, {"tier": "a"}), (5.0, {"tier": "b"})]
 
 
-def test_engine_exporter_copies_gauges_and_sends_counter_increments(monkeypatch):
-    recorded = {name: RecordingMetric() for name in (*engine_metrics.GAUGES, *engine_metrics.COUNTERS)}
-    monkeypatch.setattr(engine_metrics, "_GAUGE_METRICS", {n: recorded[n] for n in engine_metrics.GAUGES})
-    monkeypatch.setattr(engine_metrics, "_COUNTER_METRICS", {n: recorded[n] for n in engine_metrics.COUNTERS})
+def test_engine_exporter_sends_the_exact_histogram_sums_as_counter_increments(monkeypatch):
+    recorded = {name: RecordingMetric() for name in engine_metrics.COUNTERS}
+    monkeypatch.setattr(engine_metrics, "_COUNTER_METRICS", recorded)
     readings = iter([
-        {("vllm:num_requests_running", None): 3, ("vllm:generation_tokens_total", None): 100,
-         ("vllm:prompt_tokens_by_source_total", "external_kv_transfer"): 40},
-        {("vllm:num_requests_running", None): 1, ("vllm:generation_tokens_total", None): 160,
-         ("vllm:prompt_tokens_by_source_total", "external_kv_transfer"): 40},
+        {("vllm:nixl_bytes_transferred_sum", None): 4096, ("vllm:iteration_tokens_total_sum", None): 100,
+         ("vllm:nixl_xfer_time_seconds_sum", None): 0.5, ("vllm:num_requests_running", None): 3},
+        {("vllm:nixl_bytes_transferred_sum", None): 6144, ("vllm:iteration_tokens_total_sum", None): 160,
+         ("vllm:nixl_xfer_time_seconds_sum", None): 0.5},
     ])
     exporter = EngineMetricsExporter("interactive", "decode", "interactive-decode-r1", lambda: next(readings))
     first, second = exporter.export_once(), exporter.export_once()
-    assert first["tandem_engine_requests_running"] == 3 and second["tandem_engine_requests_running"] == 1
-    assert first["tandem_engine_generation_tokens"] == 100 and second["tandem_engine_generation_tokens"] == 60
-    assert second["tandem_engine_prompt_tokens_transferred"] == 0  # no change: no increment
+    assert first["tandem_engine_kv_transfer_bytes"] == 4096 and second["tandem_engine_kv_transfer_bytes"] == 2048
+    assert first["tandem_engine_scheduled_tokens"] == 100 and second["tandem_engine_scheduled_tokens"] == 60
+    assert second["tandem_engine_kv_transfer_seconds"] == 0  # no change: no increment
     labels = {"tier": "interactive", "pool": "decode", "replica": "interactive-decode-r1"}
-    assert recorded["tandem_engine_generation_tokens"].values("inc", **labels) == [100, 60]
-    assert recorded["tandem_engine_requests_running"].values("set", **labels) == [3, 1]
-    assert set(first) == set(engine_metrics.GAUGES) | set(engine_metrics.COUNTERS)
+    assert recorded["tandem_engine_kv_transfer_bytes"].values("inc", **labels) == [4096, 2048]
+    # Gauges and plain counters go out under vLLM's names (vllm_ray_metrics.py), not here.
+    assert set(first) == set(engine_metrics.COUNTERS) == {
+        "tandem_engine_scheduled_tokens", "tandem_engine_kv_transfer_bytes", "tandem_engine_kv_transfer_seconds"}
 
 
 def test_outcome_labels():

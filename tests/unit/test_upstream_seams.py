@@ -172,6 +172,33 @@ def test_vllm_metric_names_tandem_reads_are_defined_by_vllm():
             update("cluster/vllm_metrics.py", f"vLLM has no prompt-token source {source!r}")
 
 
+def test_vllms_ray_stat_logger_is_what_vllm_ray_metrics_extends():
+    from ray._private.telemetry import open_telemetry_metric_recorder as otel
+    from vllm.v1.metrics import loggers, ray_wrappers
+
+    from cluster.engine import vllm_ray_metrics as ours
+
+    here = "cluster/engine/vllm_ray_metrics.py"
+    for attr in ("_gauge_cls", "_counter_cls", "_histogram_cls", "_kv_connector_cls", "_spec_decoding_cls",
+                 "_perf_metrics_cls"):
+        assert hasattr(ray_wrappers.RayPrometheusStatLogger, attr), update(here, f"vLLM's Ray logger has no {attr}")
+    base = ray_wrappers.RayPrometheusMetric
+    assert list(inspect.signature(base._get_tag_keys).parameters) == ["labelnames"], \
+        update(here, "vLLM's RayPrometheusMetric._get_tag_keys changed")
+    assert "ReplicaId" in inspect.getsource(base._build_tags) and "*labels, **labelskwargs" in \
+        inspect.getsource(base._build_tags), update(here, "vLLM's RayPrometheusMetric._build_tags changed")
+    assert base._get_sanitized_opentelemetry_name("vllm:a_b") == "vllm_a_b", \
+        update(f"{here} and cluster/observability.py VLLM_RELABEL", "vLLM names its Ray metrics differently")
+    assert otel.NAMESPACE == "ray", \
+        update("cluster/observability.py VLLM_RELABEL", "Ray's agent no longer prefixes metric names with ray_")
+    # The in-process logger tandem reads must be made last (ours.stat_loggers), and is then the only one.
+    assert "unregister_vllm_metrics()" in inspect.getsource(loggers.PrometheusStatLogger.__init__), \
+        update(here, "vLLM's PrometheusStatLogger no longer unregisters on construction: the order may be free")
+    assert "if not custom_prometheus_logger:" in inspect.getsource(loggers.StatLoggerManager.__init__), \
+        update(here, "vLLM adds its default Prometheus logger differently")
+    assert ours.stat_loggers("t", "decode", "r")[-1] is loggers.PrometheusStatLogger
+
+
 def test_the_gateways_engine_client_implements_vllms_interface():
     from vllm.engine.protocol import EngineClient
     from vllm.v1.engine.input_processor import InputProcessor

@@ -133,6 +133,20 @@ def _lean(output: Any) -> Any:
     return output
 
 
+def engine_failure(request_id: str, exc: BaseException) -> Exception:
+    """What the gateway gets for a request AsyncLLM.generate failed with EngineGenerateError.
+    AsyncLLM wraps every unexpected error in it with no message, and some of its own checks
+    of a request still raise a plain ValueError (or TypeError) that it wraps the same way:
+    those are the request's fault (a 400 at the edge, never retried). Anything else stays
+    a server error, its cause in the message and the log, not vLLM's class (which Ray would
+    carry to the gateway, where vLLM's serving code expects an engine of its own)."""
+    cause = exc.__cause__ or exc
+    if isinstance(cause, (ValueError, TypeError)):
+        return InvalidEngineRequest(str(cause) or type(cause).__name__)
+    log.warning("request %s failed in the engine: %s: %s", request_id, type(cause).__name__, cause)
+    return RuntimeError(f"the engine failed the request: {type(cause).__name__}: {cause}")
+
+
 class VLLMEngine(Engine):
     def __init__(self, spec: EngineSpec):
         super().__init__(spec)
@@ -213,6 +227,7 @@ class VLLMEngine(Engine):
 
     async def _generate(self, request: EngineRequest, params: Any) -> AsyncIterator[Any]:
         from vllm.exceptions import VLLMClientError
+        from vllm.v1.engine.exceptions import EngineGenerateError
 
         try:
             async for output in self._llm.generate(
@@ -223,6 +238,8 @@ class VLLMEngine(Engine):
             # vLLM's own request checks (e.g. a regex or JSON schema its structured-output
             # backend cannot compile): the client's error, a 400 at the edge, not a retry.
             raise InvalidEngineRequest(str(exc)) from None
+        except EngineGenerateError as exc:
+            raise engine_failure(request.request_id, exc) from None
 
     async def abort(self, request_id: str) -> None:
         await self._llm.abort(request_id)

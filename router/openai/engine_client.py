@@ -24,8 +24,10 @@ import logging
 from typing import Any, AsyncGenerator, Awaitable, Callable, Mapping, Optional
 
 from vllm.engine.protocol import EngineClient
+from vllm.exceptions import GenerationError
 from vllm.renderers import renderer_from_config
 from vllm.sampling_params import RequestOutputKind, SamplingParams
+from vllm.v1.engine.exceptions import EngineDeadError, EngineGenerateError
 from vllm.v1.engine.input_processor import InputProcessor
 
 from cluster.protocol import EngineRequest, merge_outputs
@@ -102,6 +104,11 @@ class PDEngineClient(EngineClient):
             if not started and ctx.refusal is None:
                 ctx.refusal = exc  # the edge answers with its status and headers
             raise
+        except (EngineGenerateError, EngineDeadError) as exc:
+            # An engine replica's own error, carried here by Ray as its class. vLLM's handler
+            # for these assumes the engine is this process's (it would stop this server when
+            # it is dead); tandem's engines are remote and replaceable: this request fails.
+            raise GenerationError(f"The engine failed the request: {exc}") from None
         except (asyncio.CancelledError, GeneratorExit):
             # The client went away (vLLM's serving code cancels or closes us), as AsyncLLM:
             # abort what runs for it; not awaited here, a cancelled task must not wait.

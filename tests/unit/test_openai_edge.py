@@ -175,3 +175,30 @@ def test_the_models_generation_config_fills_omitted_sampling_settings(tmp_path) 
     defaults, own = (r.sampling for r in backend.requests)
     assert (defaults.temperature, defaults.top_p, defaults.top_k) == (0.3, 0.5, 7)
     assert own.temperature == 0.9 and own.top_p == 0.5
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_an_engine_replicas_vllm_error_carried_by_ray_fails_only_its_request(stream: bool) -> None:
+    """Ray hands the gateway an engine replica's exception as a class derived from its cause's:
+    an EngineDeadError there must not reach vLLM's handler for a local dead engine here (it
+    read the uvicorn server tandem does not run: a 500 saying "'State' object has no attribute
+    'server'", seen by the fuzz test). The request fails in OpenAI's shape; the gateway serves on."""
+    from ray.exceptions import RayTaskError
+    from vllm.v1.engine.exceptions import EngineDeadError
+
+    backend = FakeBackend()
+    backend.fail_after = 0
+    backend.fail_with = RayTaskError("run", "Traceback (in the decode replica)", EngineDeadError()).as_instanceof_cause()
+    assert isinstance(backend.fail_with, EngineDeadError)
+    client, _ = make_client(backend)
+    body = {"model": MODEL, "messages": CHAT, "max_tokens": 2, "stream": stream}
+    r = client.post("/v1/chat/completions", json=body)
+    if stream:
+        assert r.status_code == 200
+        error = sse_events(r)[0]["error"]
+        assert error["code"] == 500 and "engine failed the request" in error["message"]
+    else:
+        assert_openai_error(r, 500, contains="engine failed the request")
+        assert "state" not in r.text.lower()
+    backend.fail_after = None
+    assert client.post("/v1/chat/completions", json={**body, "stream": False}).status_code == 200

@@ -7,6 +7,7 @@ engine replica runs it, changed only through the class attributes vLLM provides 
 (`_gauge_cls`, `_counter_cls`, `_histogram_cls`, `_kv_connector_cls`, ...; UPSTREAM.md):
 - every series also carries tandem's labels, `tier`, `pool` (prefill | decode: the engine's
   role) and `replica` (the engine's worker id), the labels of tandem's own engine metrics;
+- every labelled counter is exported at 0 from the engine's start, as vLLM's registry shows it;
 - counter increments and histogram observations are summed and recorded off the replica's
   event loop once a second, and gauges are recorded again every second (cluster/metrics.py):
   vLLM observes the token gap of every running sequence every step and one Ray record costs
@@ -66,6 +67,15 @@ class _Gauge(_Labelled, RayGaugeWrapper):
 
 
 class _Counter(_Labelled, RayCounterWrapper):
+    def labels(self, *labels: Any, **labelskwargs: Any) -> Any:
+        # At 0 from the start, as in vLLM's own registry: Ray exports a counter only from its
+        # first record, and Prometheus' rate()/increase() miss the first event of a series
+        # that appears at 1 (an alert on vllm:nixl_num_failed_transfers would not fire on the
+        # first failure). Ray's public inc() refuses 0 (UPSTREAM.md row 22).
+        bound = super().labels(*labels, **labelskwargs)
+        bound.metric._record(0.0, tags=bound._tags)
+        return bound
+
     def inc(self, value: float = 1.0) -> None:
         if value:
             inc_later(self.metric, self._tags, value)

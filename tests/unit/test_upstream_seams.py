@@ -243,6 +243,18 @@ def test_the_engine_wrappers_vllm_calls_exist():
 
 # -- Ray ---------------------------------------------------------------------------------------
 
+def test_a_ray_counter_is_made_at_zero_through_record():
+    """cluster/metrics.py (`inc(0)`) and cluster/engine/vllm_ray_metrics.py (every labelled vLLM
+    counter) create a counter's series at 0 through Ray's private `_record`, as its public `inc`
+    refuses 0."""
+    from ray.util import metrics as ray_metrics
+
+    here = "cluster/metrics.py _BoundCounter.inc and cluster/engine/vllm_ray_metrics.py _Counter.labels"
+    assert list(inspect.signature(ray_metrics.Metric._record).parameters) == ["self", "value", "tags"], \
+        update(here, "Ray's Metric._record changed")
+    assert "value <= 0" in inspect.getsource(ray_metrics.Counter.inc), \
+        update(here, "Ray's Counter.inc may accept 0 now: use it instead of _record")
+
 def test_the_serve_grpc_patch_still_applies():
     from ray.serve._private import replica
 

@@ -112,3 +112,17 @@ def test_an_engine_outside_a_cluster_keeps_vllms_default_loggers():
     ray_logger, prometheus_logger = engine_stat_loggers(_spec({}, pool=PoolId("batch", "prefill"), worker_id="w"))
     assert issubclass(ray_logger, RayPrometheusStatLogger) and prometheus_logger is PrometheusStatLogger
     assert ray_logger._gauge_cls.extra == {"tier": "batch", "pool": "prefill", "replica": "w"}
+
+
+def test_every_counter_is_exported_at_zero_from_the_start(monkeypatch):
+    """As vLLM's own registry shows them: an engine that never preempted exports
+    vllm:num_preemptions_total 0, and Prometheus' increase() sees its first preemption."""
+    from ray.util import metrics as ray_metrics
+
+    zeros = []
+    monkeypatch.setattr(ray_metrics.Counter, "_record",
+                        lambda self, value, tags=None: zeros.append((self._name, {**self._default_tags, **tags}, value)))
+    _loggers()
+    names = {name for name, _, _ in zeros}
+    assert {"vllm_num_preemptions", "vllm_prefix_cache_hits", "vllm_prompt_tokens", "vllm_request_success"} <= names
+    assert all(value == 0.0 and LABELS.items() <= tags.items() for _, tags, value in zeros)

@@ -134,7 +134,8 @@ class Migration:
             output = copy.copy(output)
             output.outputs = [replace(c, cumulative_logprob=None if c.cumulative_logprob is None
                                       else c.cumulative_logprob + self._offset) for c in output.outputs]
-        output.request_id = self.request.request_id  # a continuation's engine knows it as <id>-m<k>
+        if self.attempts:  # a continuation's engine knows it as <id>-m<k>; the client, by its own id
+            output.request_id = self.request.request_id
         for c in output.outputs[:1]:  # one sample per engine request
             self.tokens.extend(c.token_ids)
             self._cumulative = c.cumulative_logprob

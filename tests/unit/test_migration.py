@@ -106,7 +106,7 @@ def test_the_state_machine_accounts_every_token_across_cuts(counted):
     m = Migration(request(max_tokens=10, min_tokens=5), limit=2)
     m.ran_on("d0")
     for i, t in enumerate([50, 51, 52]):
-        assert m.sent(out("r", [t], -1.0 * (i + 1))).request_id == "r"
+        m.sent(out("r", [t], -1.0 * (i + 1)))
     cont = m.failed(ActorDiedError())
     assert cont.request_id == "r-m1" and cont.prompt_token_ids == PROMPT + (50, 51, 52)
     assert (cont.sampling.max_tokens, cont.sampling.min_tokens) == (7, 2)
@@ -165,7 +165,7 @@ async def collect(backend, req) -> dict[int, list[int]]:
     tokens: dict[int, list[int]] = {}
     finished = []
     async for o in backend.generate(req):
-        assert o.request_id == req.request_id
+        assert "-m" not in o.request_id  # never a continuation's own id
         for c in o.outputs:
             tokens.setdefault(c.index, []).extend(c.token_ids)
         finished.append(o.finished)
@@ -270,3 +270,14 @@ def test_an_abort_reaches_the_continuation_where_it_runs(counted):
     (where,) = pools.decode.replica_of("generate", "r-m1")
     assert pools.decode.replica_of("abort", "r-m1") == [where]
     assert_no_leak(backend, dirs)
+
+
+def test_the_limit_is_configured_within_bounds():
+    from pydantic import ValidationError
+
+    from cluster.config.services import KVTransferConfig
+
+    assert KVTransferConfig().migration_limit == 2 and KVTransferConfig(migration_limit=0).migration_limit == 0
+    for bad in (-1, 9):
+        with pytest.raises(ValidationError):
+            KVTransferConfig(migration_limit=bad)

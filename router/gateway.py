@@ -64,6 +64,7 @@ class GatewayReplica:
             first_token_reuse=cfg.kv_transfer.first_token_reuse,
             decode_first_token_timeout_s=cfg.gateway.decode_first_token_timeout_s,
             decode_streams=cfg.gateway.decode_streams,
+            migration_limit=cfg.kv_transfer.migration_limit,
         )
         # Every prefill/decode pair does its NIXL handshake before user traffic needs it.
         self.warmer = HandshakeWarmer(pools=pools, router=self.router)

@@ -46,6 +46,14 @@ FIRST_TOKEN = Counter(
     ["tier", "path", "reason"],
 )
 
+MIGRATIONS = Counter(
+    "tandem_migrations",
+    "Answers whose stream broke after tokens reached the client: continued on another replica "
+    "(result continued, reason what broke) or not (result refused, reason the rule that refused; "
+    "router/pd/migration.py).",
+    ["tier", "reason", "result"],
+)
+
 
 def count_route(tier: str, route: RouteLabel, reason: str = "") -> None:
     ROUTES.labels(tier=tier, path=route, reason=reason).inc()

@@ -50,6 +50,7 @@ def declare_series(tiers: Sequence[str]) -> None:
     event instead of "no data" (the observability test checks every used name is exported)."""
     from router import admission
     from router import path_metrics as disagg
+    from router.pd import migration
     from router.routing import metrics as routing
 
     for tier in tiers:
@@ -67,6 +68,10 @@ def declare_series(tiers: Sequence[str]) -> None:
         for reason in ("queue_full", "queue_timeout", "expected_wait"):
             admission.REJECTED.labels(tier=tier, reason=reason).inc(0)
         routing.PROMPT_TOKENS.labels(tier=tier).inc(0)
+        for reason in migration.FAILURES:
+            disagg.MIGRATIONS.labels(tier=tier, reason=reason, result="continued").inc(0)
+        for reason in migration.REFUSALS:
+            disagg.MIGRATIONS.labels(tier=tier, reason=reason, result="refused").inc(0)
     routing.INDEX_ERRORS.inc(0)
     disagg.HEALTH_PROBES.inc(0)
     for kind in ("batch", "gap", "replayed", "reset", "index_down", "malformed", "rebuild",

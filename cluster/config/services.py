@@ -52,6 +52,15 @@ class KVTransferConfig(_Strict):
                           "(kv_transfer/first_token.py); requests it cannot serve exactly take the plain path. With "
                           "routing.disaggregation adaptive, only where the P/D decider finds it pays.")
 
+    migration_limit: int = Field(
+        2, ge=0, le=8,
+        description="How many times one answer may be continued on another replica when its decode stream breaks "
+                    "after tokens reached the client (the replica died, its stream was lost): a new request of "
+                    "prompt + the tokens sent, through the normal path (router/pd/migration.py). Greedy and "
+                    "unseeded sampling only; seeded sampling, structured output, penalties and other engine-held "
+                    "state end with an error event as before. With no other decode replica, the continuation "
+                    "runs whole on a prefill replica. 0: off.")
+
     @model_validator(mode="after")
     def _check_ports(self) -> "KVTransferConfig":
         low, high = self.side_channel_ports

@@ -26,7 +26,7 @@ Behaviour:
   request ids seen, pulled, recomputed, aborted and cancelled (FakeEngineStats), so a test
   tells which replica did what.
 - Knobs (FakeKnobs): latency (start, prefill, per token) and failures (prefill raises, pull
-  fails, engine dead). Engine-wide from the constructor (functools.partial(FakeEngine,
+  fails, engine dead, the replica's process dies mid-stream). Engine-wide from the constructor (functools.partial(FakeEngine,
   knobs=...) as the app's engine_cls), or per request from the request's
   SamplingParams.extra_args (`vllm_xargs` in an OpenAI request) under the names in KNOB_ARGS.
 - Steps: streams of one token pace advance together, one step per pace interval (StepClock),
@@ -41,6 +41,7 @@ import asyncio
 import dataclasses
 import json
 import math
+import os
 import time
 from collections import deque
 from dataclasses import dataclass
@@ -66,6 +67,10 @@ class FakeKnobs:
     fail_prefill: bool = False  # prefill raises (a broken prefill pool, as the gateway sees it)
     fail_pull: bool = False  # the KV pull fails: counted, then the prompt is recomputed
     dead: bool = False  # check_alive raises (Serve's health probe replaces the replica)
+    # A generate stream that has yielded this many tokens, with more to come, kills its whole
+    # process (os._exit) at its next step: a replica dying mid-answer (router/pd/migration.py).
+    # One step later, not at once, so the tokens yielded reach the gateway first. 0: never.
+    die_after_tokens: int = 0
 
 
 # vllm_xargs name → knob: e.g. {"vllm_xargs": {"fake_fail_prefill": 1, "fake_token_s": 0.05}}.
@@ -231,7 +236,8 @@ class FakeEngine(Engine):
         extra = request.sampling.extra_args or {}
         wanted = {knob: extra[arg] for arg, knob in KNOB_ARGS.items() if arg in extra}
         for knob, value in wanted.items():
-            wanted[knob] = bool(value) if knob.startswith("fail") else float(value)
+            wanted[knob] = bool(value) if knob.startswith("fail") else int(value) if knob == "die_after_tokens" \
+                else float(value)
         return dataclasses.replace(self.knobs, **wanted) if wanted else self.knobs
 
     def _add(self, key: tuple[str, Optional[str]], amount: float = 1.0) -> None:
@@ -297,6 +303,8 @@ class FakeEngine(Engine):
                     await asyncio.sleep(0)
                 if aborted.is_set():
                     return
+                if knobs.die_after_tokens and i == knobs.die_after_tokens:
+                    os._exit(1)  # the replica's actor dies, as after a SIGKILL or an OOM kill
                 token = self.next_token(seq)
                 seq.append(token)
                 now = time.perf_counter()

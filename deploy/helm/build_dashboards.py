@@ -224,6 +224,12 @@ def router() -> dict:
             target(f"sum by (tier) ({rate('ray_tandem_decode_retries_total')})", "{{tier}} retried"),
         ], "reqps", "Refused (429): no first token within the deadline or Serve's queue full; retried before "
                     "the first token."),
+        panel("Streams migrated mid-answer", [
+            target(f"sum by (tier, reason, result) ({rate('ray_tandem_migrations_total')})",
+                   "{{tier}} {{result}} {{reason}}"),
+        ], "reqps", "A decode hop that broke after tokens reached the client: continued on another replica "
+                    "(with what broke) or refused (with why the answer could not be continued exactly).",
+              stacked=True),
         panel("Routing decisions", by_path("ray_tandem_routing_decisions_total"), "reqps",
               "Which engines the prefix-aware router picked, by pool.", stacked=True),
         panel("Prefix hit rate: router-predicted vs engine-reported", [

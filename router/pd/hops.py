@@ -192,7 +192,8 @@ class Hops:
 
     @contextlib.contextmanager
     def samples(self, request_id: str, sample_ids: Sequence[str]) -> Iterator[None]:
-        """While inside, an abort of `request_id` goes to the hops of its samples (n > 1)."""
+        """While inside, an abort of `request_id` goes to the hops of its samples (n > 1), or of
+        its continuation (a migrated answer: router/pd/migration.py), and on to theirs."""
         self._samples[request_id] = list(sample_ids)
         try:
             yield
@@ -203,7 +204,11 @@ class Hops:
         """Abort the request on the replicas of its hops in flight. A finished prefill hop holds
         nothing to abort (its KV waits for decode's pull, or decode's abort frees it); an
         unknown id has nothing in flight."""
-        ids = self._samples.get(request_id, [request_id])
+        ids, todo = [], [request_id]
+        while todo:  # a sample's continuation is registered under the sample (migration.py)
+            rid = todo.pop()
+            ids += [rid] if rid not in self._samples else []
+            todo += [s for s in self._samples.get(rid, ()) if s != rid]
         hops = []
         for rid in ids:  # taken out, so the cancel that follows sends no second abort
             in_flight = self._in_flight.get(rid, {})

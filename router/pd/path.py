@@ -16,6 +16,10 @@ Failure policy, in order of what can go wrong:
   for a whole request on prefill that fails or times out before its first token.
 - the KV pull fails inside decode → vLLM's kv_load_failure_policy=recompute handles it.
 - the decode hop fails before the first token → retried once on the decode pool (hops.py).
+- a stream fails (or ends unfinished) after tokens reached the client → continued on another
+  replica as a new request of prompt + the tokens sent, through this same path, up to
+  kv_transfer.migration_limit times; what may not migrate fails as before (migration.py). With
+  no other decode replica known, the router sends the continuation whole to a prefill replica.
 - the decode hop yields no first token within decode_first_token_timeout_s, or Serve's queue
   for the decode pool is full → 429 (the request gives its admission place back at once).
 
@@ -29,7 +33,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from typing import TYPE_CHECKING, Any, AsyncIterator, Mapping, Optional
+from typing import TYPE_CHECKING, Any, AsyncIterator, Collection, Mapping, Optional
 
 from cluster.protocol import EngineRequest
 from cluster.types import TierPools
@@ -37,9 +41,10 @@ from kv_transfer.first_token import FirstTokenOffset, continuation, reuse_blocke
 from router.path_metrics import FIRST_TOKEN, count_prefilled, count_route
 from router.pd.answers import DecodeStreams, WholeFailed
 from router.pd.hops import Hops
+from router.pd.migration import Migration
 from router.pd.samples import generate_n, without_prompt_logprobs
 from router.routing.service import KVRouter
-from router.routing.types import Path, RouteDecision, RouteLabel
+from router.routing.types import Path, Pick, RouteDecision, RouteLabel
 
 if TYPE_CHECKING:
     from vllm.outputs import RequestOutput
@@ -54,22 +59,63 @@ class DisaggregatedBackend:
     def __init__(self, *, pools: Mapping[str, TierPools],
                  prefill_timeout_s: float, router: Optional[KVRouter] = None,
                  first_token_reuse: bool = True, decode_first_token_timeout_s: Optional[float] = None,
-                 decode_streams: DecodeStreams = "per_step"):
-        self._router = router  # None: Serve's own replica choice
+                 decode_streams: DecodeStreams = "per_step", migration_limit: int = 2):
+        self._router = router
+        self._migration_limit = migration_limit  # continuations per request (migration.py); 0: off  # None: Serve's own replica choice
         self._first_token_reuse = first_token_reuse
         self.hops = Hops(pools, router, prefill_timeout_s=prefill_timeout_s,
                          decode_first_token_timeout_s=decode_first_token_timeout_s, decode_streams=decode_streams)
 
     async def generate(self, request: EngineRequest) -> AsyncIterator[RequestOutput]:
-        if request.sampling.n > 1:
-            # aclosing: a client that leaves stops its samples now, not when the garbage
-            # collector finds the suspended generator.
-            async with contextlib.aclosing(generate_n(self.hops, self._route, request)) as outputs:
-                async for output in outputs:
-                    yield output
-            return
+        # aclosing: a client that leaves closes the hops now (their aborts, their in-flight
+        # counts), not when the garbage collector finds the suspended generator.
+        if request.sampling.n > 1:  # each sample migrates as its own request
+            answer = generate_n(self.hops, self._route, request, self._continued)
+        else:
+            answer = self._continued(request)
+        async with contextlib.aclosing(answer) as outputs:
+            async for output in outputs:
+                yield output
+
+    async def _continued(self, request: EngineRequest, first: Optional[AsyncIterator[RequestOutput]] = None,
+                         first_on: Optional[Pick] = None) -> AsyncIterator[RequestOutput]:
+        """`request`'s answer; a stream that breaks after tokens reached the client is continued
+        through the normal path, without the replica that failed (migration.py). `first`: the
+        first attempt's stream, where the caller started it (a sample of n > 1, on `first_on`)."""
+        migration = Migration(request, self._migration_limit)
+        if first is not None:
+            migration.ran_on(_replica(first_on))
+        attempt = first if first is not None else self._once(request, migration)
+        while True:
+            failure: Optional[Exception] = None
+            try:
+                with self._aborts_reach(migration):
+                    async with contextlib.aclosing(attempt) as outputs:
+                        async for output in outputs:
+                            yield migration.sent(output)
+            except Exception as exc:  # not the client leaving (GeneratorExit, CancelledError)
+                failure = exc
+            if failure is None and migration.finished:
+                return
+            following = migration.failed(failure)
+            if following is None:
+                if failure is not None:
+                    raise failure
+                return  # ended unfinished, not continued: as before migration
+            log.warning("request %s: its stream broke after %d tokens (%s); continuing as %s",
+                        request.request_id, len(migration.tokens), failure, following.request_id)
+            attempt = self._once(following, migration)
+
+    def _aborts_reach(self, migration: Migration):
+        """An abort of the request reaches its continuation's hops (they run under their own id)."""
+        if not migration.attempts:
+            return contextlib.nullcontext()
+        return self.hops.samples(migration.request.request_id, [migration.current_id])
+
+    async def _once(self, request: EngineRequest, migration: Migration) -> AsyncIterator[RequestOutput]:
+        """One attempt at the answer on the path the router names (module docstring)."""
         tier = request.tier
-        decision = await self._route(request)
+        decision = await self._route(request, migration.exclude)
         path: Path = "remote" if decision is None else decision.path  # undecided: Serve picks, remote
         first = prompt_logprobs = None
         handoff = None
@@ -77,8 +123,7 @@ class DisaggregatedBackend:
         if decision is not None and path == "whole":
             try:
                 counted = False
-                # aclosing: a client that leaves closes the hop now (its abort, its in-flight
-                # count), not when the garbage collector finds the suspended generator.
+                migration.ran_on(_replica(decision.prefill))
                 async with contextlib.aclosing(self.hops.whole(request, decision.prefill)) as whole:
                     async for output in whole:
                         if not counted:
@@ -109,17 +154,18 @@ class DisaggregatedBackend:
         elif prompt_logprobs is not None:
             request = without_prompt_logprobs(request)
         decode = None if decision is None else decision.decode
+        migration.ran_on(_replica(decode))
         async with contextlib.aclosing(self.hops.decode(request, handoff, decode, route=route)) as decoded:
             async for output in decoded:
                 if prompt_logprobs is not None:
                     output.prompt_logprobs, prompt_logprobs = prompt_logprobs, None
                 yield output if offset is None else offset.apply(output)
 
-    async def _route(self, request: EngineRequest) -> Optional[RouteDecision]:
+    async def _route(self, request: EngineRequest, exclude: Collection[str] = ()) -> Optional[RouteDecision]:
         if self._router is None:
             return None
         try:
-            return await self._router.route(request, request.tier)
+            return await self._router.route(request, request.tier, exclude=exclude)
         except Exception:  # routing must never fail a request
             log.exception("request %s: routing failed; Serve picks the replicas", request.request_id)
             count_route(request.tier, "router_error")
@@ -141,3 +187,7 @@ class DisaggregatedBackend:
     async def health(self) -> dict[str, Any]:
         health = await self.hops.health()
         return {"ready": health.ready, "pools": dict(health.pools)}
+
+
+def _replica(pick: Optional[Pick]) -> Optional[str]:
+    return None if pick is None else pick.worker.replica_id

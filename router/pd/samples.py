@@ -14,17 +14,18 @@ from __future__ import annotations
 import asyncio
 import copy
 from dataclasses import replace
-from typing import TYPE_CHECKING, AsyncIterator, Awaitable, Callable, Optional
+from typing import TYPE_CHECKING, Any, AsyncIterator, Awaitable, Callable, Optional
 
 from cluster.protocol import EngineRequest
 from router.path_metrics import FIRST_TOKEN, count_prefilled, count_route
 from router.pd.hops import Hops
-from router.routing.types import RouteDecision, RouteLabel
+from router.routing.types import Pick, RouteDecision, RouteLabel
 
 if TYPE_CHECKING:
     from vllm.outputs import RequestOutput
 
 Route = Callable[[EngineRequest], Awaitable[Optional[RouteDecision]]]
+Continued = Callable[[EngineRequest, AsyncIterator[Any], Optional[Pick]], AsyncIterator[Any]]
 
 
 def sample_of(request: EngineRequest, i: int) -> EngineRequest:
@@ -43,8 +44,11 @@ def without_prompt_logprobs(request: EngineRequest) -> EngineRequest:
     return replace(request, sampling=sampling)
 
 
-async def generate_n(hops: Hops, route: Route, request: EngineRequest) -> AsyncIterator[RequestOutput]:
-    """n samples of one prompt: one prefill, n decode requests (module docstring)."""
+async def generate_n(hops: Hops, route: Route, request: EngineRequest,
+                     continued: Optional[Continued] = None) -> AsyncIterator[RequestOutput]:
+    """n samples of one prompt: one prefill, n decode requests (module docstring). `continued`
+    (sample, its decode stream, the decode pick) → the sample's answer, migrated where its
+    stream breaks (path.py, migration.py): each sample continues as a request of its own."""
     n = request.sampling.n
     samples = [sample_of(request, i) for i in range(n)]
     with hops.samples(request.request_id, [s.request_id for s in samples]):
@@ -63,7 +67,10 @@ async def generate_n(hops: Hops, route: Route, request: EngineRequest) -> AsyncI
             try:
                 if i > 0:
                     await produced[i - 1].wait()
-                async for output in hops.decode(sample, handoff if i == 0 else None, decode, route=path):
+                stream = hops.decode(sample, handoff if i == 0 else None, decode, route=path)
+                if continued is not None:
+                    stream = continued(sample, stream, decode)
+                async for output in stream:
                     produced[i].set()
                     await queue.put((i, output))
                 await queue.put((i, None))

@@ -30,7 +30,7 @@ import contextlib
 import logging
 import random
 import time
-from typing import Callable, Iterator, Mapping, Optional
+from typing import Callable, Collection, Iterator, Mapping, Optional
 
 from cluster.config import SLOConfig
 from cluster.protocol import EngineRequest
@@ -179,11 +179,14 @@ class KVRouter:
             return num_blocks, {}, False
         return num_blocks, matches, True
 
-    async def route(self, request: EngineRequest, tier: str) -> RouteDecision:
+    async def route(self, request: EngineRequest, tier: str, exclude: Collection[str] = ()) -> RouteDecision:
+        """`exclude`: Serve replica ids not to pick (a migrated request's failed replicas,
+        router/pd/migration.py); with every decode replica excluded, the request runs whole on
+        a prefill replica."""
         started = time.perf_counter()
         await self._sync_subscribers()
-        decode_workers = self.workers(tier, "decode")
-        prefill_workers = self.workers(tier, "prefill")
+        decode_workers = [w for w in self.workers(tier, "decode") if w.replica_id not in exclude]
+        prefill_workers = [w for w in self.workers(tier, "prefill") if w.replica_id not in exclude]
         num_blocks, matches, index_ok = await self._matches(request.prompt_token_ids, decode_workers + prefill_workers,
                                                             request.cache_salt)
         ctx = RouteContext(tier=tier, prompt_tokens=len(request.prompt_token_ids),
@@ -205,6 +208,11 @@ class KVRouter:
                       verdict.ttft_local_s, verdict.gap_local_s)
         else:
             prefill = self._pick(prefill_workers, ctx, tier, "prefill")
+            if exclude and prefill is not None:
+                # A continuation whose decode replica failed, and no other known: Serve would send
+                # a decode hop to the failed one (or wait for its replacement); a prefill replica
+                # runs it whole now.
+                path = "whole"
         local = path == "local"
         if local:
             prefill = None

@@ -3,9 +3,12 @@ the end of the session (its `replaces_replicas` fixture orders it, tests/integra
 and each test waits until Serve has replaced the replica and the cluster serves again, so the
 state is restored for what follows.
 
-1. Decode replica killed mid-stream: the client gets a clean error event in the SSE stream
-   (then [DONE]) within 5 s. The request is not resumed elsewhere (router/README.md says
-   why); the replacement replica serves the next requests, with the KV pulled over NIXL.
+1. Decode replica killed mid-stream: every greedy answer continues (router/pd/migration.py):
+   HTTP 200, no error event, the same text token for token as an uninterrupted run of the same
+   prompt, the migrations counted. The cluster has one interactive decode replica, so the
+   continuations run whole on the prefill replica. The replacement replica serves the next
+   requests, with the KV pulled over NIXL. (Rewritten for issue 29 item 1 and not run yet: the
+   session that wrote it had no time for the integration lane.)
 2. A prefill replica killed under load: every request completes (no 5xx): prefill hops on
    the dead replica fail over to a recompute on decode, KV pulls from it fall back to
    recompute inside vLLM. The load lasts 30 s past the kill (the outage, as clients see it);
@@ -26,15 +29,10 @@ import httpx
 import psutil
 import pytest
 
-from tests.support.integration_cluster import MODEL_NAME, replica_stats
+from tests.support.integration_cluster import MODEL_NAME, metric, replica_stats, wait_for_metric
 
 pytestmark = pytest.mark.timeout(1500)
 
-ERROR_EVENT_BOUND_S = 5  # the goal (issue 8); printed as met or missed
-# Asserted: the error event comes, the stream never hangs. Measured 0.09-0.10 s in most runs,
-# but 5.98-6.06 s in one of three `make test` runs on a slow, loaded 2-core VM (2026-12-01):
-# Ray learned of the SIGKILLed replica late. The gateway cannot tell sooner; see router/README.md.
-ERROR_EVENT_CEILING_S = 20
 RECOVERY_BOUND_S = 600  # a replica start under load took 304 s on a slow 2-core VM
 LOAD_AFTER_KILL_S = 30
 
@@ -83,21 +81,23 @@ def complete(base_url: str, ids: list[int], max_tokens: int = 6) -> httpx.Respon
 
 
 class Stream(threading.Thread):
-    """One streaming completion: records when each event arrived and what it was."""
+    """One streaming greedy completion: records its text, when each event arrived and what it was."""
 
     def __init__(self, base_url: str, ids: list[int]) -> None:
         super().__init__(daemon=True)
         self.base_url = base_url
         self.body = {"model": MODEL_NAME, "prompt": ids, "max_tokens": 400, "ignore_eos": True,
-                     "temperature": 0, "stream": True}
+                     "temperature": 0, "stream": True, "stream_options": {"include_usage": True}}
         self.tokens = 0
+        self.text = ""
+        self.times: list[float] = []
+        self.usage: dict = {}
         self.error: dict | None = None
-        self.error_at: float | None = None
         self.done = False
         self.finished = False
 
     def run(self) -> None:
-        with httpx.stream("POST", f"{self.base_url}/v1/completions", json=self.body, timeout=120) as resp:
+        with httpx.stream("POST", f"{self.base_url}/v1/completions", json=self.body, timeout=300) as resp:
             assert resp.status_code == 200
             for line in resp.iter_lines():
                 if line == "data: [DONE]":
@@ -105,18 +105,23 @@ class Stream(threading.Thread):
                 elif line.startswith("data: {"):
                     event = json.loads(line[6:])
                     if "error" in event:
-                        self.error, self.error_at = event["error"], time.monotonic()
-                    else:
+                        self.error = event["error"]
+                    elif event.get("choices"):
                         self.tokens += 1
+                        self.times.append(time.monotonic())
+                        self.text += event["choices"][0]["text"]
                         self.finished = self.finished or event["choices"][0]["finish_reason"] is not None
+                    self.usage = event.get("usage") or self.usage
 
 
 @pytest.mark.usefixtures("replaces_replicas")
-def test_decode_killed_mid_stream_gives_an_error_event_within_5_s_and_the_cluster_recovers(base_url):
+def test_decode_killed_mid_stream_every_answer_continues_unchanged_and_the_cluster_recovers(base_url):
     rng = random.Random(21)
     (decode,) = replica_processes("interactive-decode")
     engine_children = decode.children(recursive=True)
-    streams = [Stream(base_url, prompt_ids(rng, 60)) for _ in range(3)]
+    migrated_before = metric("ray_tandem_migrations_total", result="continued")
+    prompts = [prompt_ids(rng, 60) for _ in range(3)]
+    streams = [Stream(base_url, ids) for ids in prompts]
     for s in streams:
         s.start()
     deadline = time.monotonic() + 60
@@ -126,18 +131,22 @@ def test_decode_killed_mid_stream_gives_an_error_event_within_5_s_and_the_cluste
     os.kill(decode.pid, signal.SIGKILL)
     killed_at = time.monotonic()
     for s in streams:
-        s.join(timeout=30)
-    waits = [round(s.error_at - killed_at, 2) for s in streams if s.error_at is not None]
-    print(f"\ndecode SIGKILLed mid-stream ({[s.tokens for s in streams]} tokens streamed): error events "
-          f"after {waits} s (goal {ERROR_EVENT_BOUND_S} s: "
-          f"{'met' if waits and max(waits) < ERROR_EVENT_BOUND_S else 'MISSED'}); error: {streams[0].error}")
+        s.join(timeout=600)
+    waits = [round(next(t for t in s.times if t > killed_at) - killed_at, 2) for s in streams
+             if any(t > killed_at for t in s.times)]
+    print(f"\ndecode SIGKILLed mid-stream: next token after {waits} s; error: {streams[0].error}")
     for s in streams:
         assert not s.is_alive(), "a stream hung after its decode replica died"
-        assert s.error is not None and not s.finished, "expected an in-band error event"
-        # vLLM's serving code reports the failure in-band, in its error shape.
-        assert s.error["type"] == "InternalServerError" and s.error["message"]
-        assert s.done  # the stream still ends properly
-        assert s.error_at - killed_at < ERROR_EVENT_CEILING_S
+        assert s.error is None and s.finished and s.done, s.error
+        assert s.usage.get("completion_tokens") == 400, s.usage  # one usage for the whole answer
+    wait_for_metric("ray_tandem_migrations_total", migrated_before + len(streams), result="continued")
+    # The same text as an uninterrupted greedy run (float32: equal token for token).
+    for ids, s in zip(prompts, streams):
+        body = {**s.body, "stream": False}
+        body.pop("stream_options")
+        ref = httpx.post(f"{base_url}/v1/completions", json=body, timeout=600)
+        assert ref.status_code == 200, ref.text
+        assert s.text == ref.json()["choices"][0]["text"]
 
     recovered_s = wait_healthy(base_url)
     deadline = time.monotonic() + 60

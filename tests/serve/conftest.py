@@ -14,7 +14,8 @@ tests ahead of the others (a stable sort: the others keep their order). `make te
 each folder in its own pytest process (unit, serve, integration); the sort is for a bare
 `pytest`. Within the folder, the test that scales the prefill pool (`scales_prefill`) and the
 one that starts its own Ray (`own_ray`) run last, in that order; every test here is marked
-`serve` here, not per file.
+`serve` here, not per file. The test that kills decode replicas (`replaces_decode`) runs
+before both.
 
 Start-up, on 2 cores (most of this folder's time): `serve_session` imports the app's modules
 (vLLM's OpenAI server, ~9 s of CPU) in a thread while Ray and Serve start (mostly waiting on
@@ -37,7 +38,7 @@ from tests.support.serve_graph import AUTOSCALING_LOG, ServeGraph, free_port, se
 
 HERE = Path(__file__).resolve().parent
 # The other tests count on one prefill replica; the benchmark's Ray should overlap this folder's least.
-LAST = ("scales_prefill", "own_ray")
+LAST = ("replaces_decode", "scales_prefill", "own_ray")
 
 
 def pytest_collection_modifyitems(config, items):
@@ -129,6 +130,11 @@ def graph(serve_session) -> ServeGraph:
     """The graph, ready: every replica started and the gateway answering."""
     return serve_session.result()
 
+
+
+@pytest.fixture
+def replaces_decode() -> None:
+    """Used by a test that kills decode replicas (Serve replaces them): after the tests counting on both."""
 
 
 @pytest.fixture

@@ -100,7 +100,10 @@ class FakeServePool:
     `prefill.remote` answers a handoff and, asked for it, a first token (or hangs with
     `hang_prefill`); the decode stream yields one token every 10 ms until cancelled or
     max_tokens, or raises `refuse` first; with `hang_decode` it yields nothing (no capacity),
-    with `hang_abort` aborts never answer.
+    with `hang_abort` aborts never answer. `positional`: the stream's tokens are their positions
+    in the sequence (prompt length, +1, ...), so an answer continued elsewhere on prompt + the
+    tokens sent is the same answer; `die_after` (replica → n): that replica's streams raise
+    Ray's ActorDiedError after n tokens, as a replica dying mid-answer does.
     """
 
     def __init__(self, directory: Any, replica_ids: Sequence[str], hang_prefill: bool = False) -> None:
@@ -113,6 +116,8 @@ class FakeServePool:
         self.calls: list[tuple[str, str, str]] = []
         self.refuse: Optional[BaseException] = None
         self.hang_decode = False
+        self.positional = False
+        self.die_after: dict[str, int] = {}
         self.hang_abort = False
         self.hang_stats = False
         self.stats_error: Optional[BaseException] = None
@@ -144,9 +149,12 @@ class _FakeMethod:
 
     def remote(self, *args: Any) -> Any:
         request_id = args[0] if isinstance(args[0], str) else args[0].request_id
-        self.pool.route(self.name, request_id)
+        replica = self.pool.route(self.name, request_id)
         if self.name == "generate":
-            return _FakeStream(self.pool.refuse, self.pool.hang_decode, limit=args[0].sampling.max_tokens)
+            request = args[0]
+            return _FakeStream(self.pool.refuse, self.pool.hang_decode, limit=request.sampling.max_tokens,
+                               start=len(request.prompt_token_ids) if self.pool.positional else None,
+                               die_after=self.pool.die_after.get(replica))
         return self._answer(request_id, first_token=len(args) > 1 and bool(args[1]))
 
     async def _answer(self, request_id: str, first_token: bool) -> Any:
@@ -179,11 +187,15 @@ class _FakeStats:
 
 
 class _FakeStream:
-    def __init__(self, refuse: Optional[BaseException] = None, hang: bool = False, limit: int = 1 << 30) -> None:
+    def __init__(self, refuse: Optional[BaseException] = None, hang: bool = False, limit: int = 1 << 30,
+                 start: Optional[int] = None, die_after: Optional[int] = None) -> None:
         self.cancelled = False
         self.refuse = refuse
         self.hang = hang
         self.left = limit
+        self.next = start  # None: every token is 1
+        self.yielded = 0
+        self.die_after = die_after
 
     def cancel(self) -> None:
         self.cancelled = True
@@ -199,8 +211,20 @@ class _FakeStream:
             raise self.refuse
         if self.cancelled or self.left <= 0:
             raise StopAsyncIteration
+        if self.die_after is not None:
+            if self.die_after == 0:
+                from ray.exceptions import ActorDiedError
+
+                raise ActorDiedError()
+            self.die_after -= 1
         self.left -= 1
-        return fake_output("fake", "a", [1], "length" if self.left == 0 else None)
+        if self.next is None:
+            return fake_output("fake", "a", [1], "length" if self.left == 0 else None)
+        # Each token's logprob is -1: the stream's cumulative logprob is minus its tokens.
+        token, self.next = self.next, self.next + 1
+        self.yielded += 1
+        return fake_output("fake", "a", [token], "length" if self.left == 0 else None,
+                           cumulative_logprob=-float(self.yielded))
 
 
 class RecordingRayGauge:

@@ -60,8 +60,8 @@ class DisaggregatedBackend:
                  prefill_timeout_s: float, router: Optional[KVRouter] = None,
                  first_token_reuse: bool = True, decode_first_token_timeout_s: Optional[float] = None,
                  decode_streams: DecodeStreams = "per_step", migration_limit: int = 2):
-        self._router = router
-        self._migration_limit = migration_limit  # continuations per request (migration.py); 0: off  # None: Serve's own replica choice
+        self._router = router  # None: Serve's own replica choice
+        self._migration_limit = migration_limit  # continuations per request (migration.py); 0: off
         self._first_token_reuse = first_token_reuse
         self.hops = Hops(pools, router, prefill_timeout_s=prefill_timeout_s,
                          decode_first_token_timeout_s=decode_first_token_timeout_s, decode_streams=decode_streams)

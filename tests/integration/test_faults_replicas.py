@@ -7,8 +7,8 @@ state is restored for what follows.
    HTTP 200, no error event, the same text token for token as an uninterrupted run of the same
    prompt, the migrations counted. The cluster has one interactive decode replica, so the
    continuations run whole on the prefill replica. The replacement replica serves the next
-   requests, with the KV pulled over NIXL. (Rewritten for issue 29 item 1 and not run yet: the
-   session that wrote it had no time for the integration lane.)
+   requests, with the KV pulled over NIXL. First run (2026-12-05, 2-core EPYC): the next token
+   0.15-0.19 s after the kill on each of the 3 streams, every text equal to the uninterrupted one.
 2. A prefill replica killed under load: every request completes (no 5xx): prefill hops on
    the dead replica fail over to a recompute on decode, KV pulls from it fall back to
    recompute inside vLLM. The load lasts 30 s past the kill (the outage, as clients see it);

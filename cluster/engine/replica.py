@@ -17,7 +17,7 @@ wiring.
 from __future__ import annotations
 
 import socket
-from typing import Callable, Optional
+from typing import Any, Callable, Optional
 
 from cluster.autoscaling.signals import ReplicaSignals
 from cluster.config import ClusterConfig
@@ -64,6 +64,12 @@ def replica_rank_and_id() -> tuple[int, str]:
         return 0, socket.gethostname()
 
 
+def engine_traces_endpoint(tracing) -> Optional[str]:
+    """Where vLLM's own engine spans go (observability.tracing.engine_spans), or None."""
+    on = tracing.enabled and tracing.engine_spans and tracing.exporter == "otlp"
+    return tracing.endpoint if on else None
+
+
 def build_engine_spec(cfg: ClusterConfig, tier: str, role: KVRole) -> EngineSpec:
     pool_name = "prefill" if role == "kv_producer" else "decode"
     pool = cfg.tiers[tier].pools()[pool_name]
@@ -90,6 +96,7 @@ def build_engine_spec(cfg: ClusterConfig, tier: str, role: KVRole) -> EngineSpec
         reasoning_parser=cfg.model.reasoning_parser,
         config_key=f"tiers.{tier}.{pool_name}.engine",
         pool=PoolId(tier, pool_name),
+        otlp_traces_endpoint=engine_traces_endpoint(cfg.observability.tracing),
     )
 
 
@@ -128,6 +135,10 @@ class EngineReplica:
     async def record_autoscaling_stats(self) -> dict[str, float]:
         """Ray Serve's hook: called every record period when the pool autoscales."""
         return self.signals.sample()
+
+    def span_attributes(self, request: Any) -> dict[str, Any]:
+        """What a replica's span of `request` says (cluster/tracing.py): counts and names only."""
+        return {"tandem.worker": self.info.worker_id, "gen_ai.usage.input_tokens": len(request.prompt_token_ids)}
 
     def describe(self) -> dict:
         """Who this replica is (engine id, NIXL side-channel port, KV-event endpoints, CPU

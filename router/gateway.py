@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from typing import Optional
 
 from ray import serve
 
@@ -47,6 +48,8 @@ log = logging.getLogger(__name__)
 
 class GatewayReplica:
     """What every gateway replica holds, whichever ingress serves its HTTP app."""
+
+    tracing: Optional[Tracing] = None  # observability.tracing (None: off)
 
     def __init__(self, cfg: ClusterConfig, pools: dict[str, TierPools]):
         bind_replica_grpc_on_node_address()  # loopback on a local cluster (cluster/serve_patch.py)

@@ -25,6 +25,7 @@ from cluster.engine.base import Engine, EngineInfo, EngineSpec
 from cluster.engine.metrics import ITL_COUNT, ITL_SUM, EngineMetricsExporter, EngineStats
 from cluster.engine.metrics import engine_stats as engine_stats_of
 from cluster.hardware import cpu_flags, engine_dtype, has_nvidia_gpu
+from cluster.tracing import Tracing
 from cluster.types import PoolId, RoutingStats
 from kv_transfer.nixl import KVRole, claim_side_channel
 
@@ -111,6 +112,7 @@ class EngineReplica:
     info: EngineInfo
     _signals: Optional[ReplicaSignals] = None
     _metrics: Optional[EngineMetricsExporter] = None
+    tracing: Optional[Tracing] = None  # observability.tracing; the deployment's __init__ sets it
 
     def start_engine(self, engine: Engine, tier: str) -> None:
         """Start the engine (blocks until it takes requests), then publish its metrics."""
@@ -200,3 +202,5 @@ class EngineReplica:
         engine = getattr(self, "engine", None)
         if engine is not None:
             engine.shutdown()
+        if self.tracing is not None:
+            self.tracing.shutdown()  # flushes the spans still batched

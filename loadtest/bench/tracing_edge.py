@@ -54,7 +54,9 @@ class NoWorkHops:
         self.tokens = tokens
 
     async def prefill(self, request: Any, pick: Any, first_token: bool) -> Any:
-        return None
+        from router.pd.answers import PrefillAnswer
+
+        return PrefillAnswer()
 
     async def decode(self, request: Any, handoff: Any, pick: Any, *, route: str) -> AsyncIterator[Any]:
         from vllm.outputs import CompletionOutput, RequestOutput

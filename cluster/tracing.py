@@ -23,7 +23,7 @@ import dataclasses
 import os
 import threading
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterator, Mapping, Optional
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, Optional
 
 if TYPE_CHECKING:
     from opentelemetry.context import Context
@@ -188,13 +188,16 @@ def replica_tracing(cfg: Any, role: str) -> Optional[Tracing]:
 
 
 @contextlib.contextmanager
-def replica_span(tracing: Optional[Tracing], name: str, request: Any, **attributes: Any) -> Iterator[Optional["Span"]]:
+def replica_span(tracing: Optional[Tracing], name: str, request: Any,
+                 attributes: Optional[Callable[[], Mapping[str, Any]]] = None) -> Iterator[Optional["Span"]]:
     """An engine replica's span for `request`'s hop, under the gateway's (its `traceparent`);
-    None inside when tracing is off here or the request is not traced. Ends failed on an
-    exception (by type only); a generator closed by its consumer is not a failure. Never made
-    the current span, so it may enclose an async generator's yields."""
-    span = None if tracing is None else tracing.replica_span(name, getattr(request, "traceparent", None),
-                                                             **attributes)
+    None inside when tracing is off here or the request is not traced (then `attributes`, a
+    callable, is never called). Ends failed on an exception (by type only); a generator closed
+    by its consumer is not a failure. Never made the current span, so it may enclose an async
+    generator's yields."""
+    traceparent = None if tracing is None else getattr(request, "traceparent", None)
+    span = None if traceparent is None else tracing.replica_span(
+        name, traceparent, **(attributes() if attributes is not None else {}))
     if span is None:
         yield None
         return

@@ -74,7 +74,8 @@ class DecodeWorker(EngineReplica):
 
     async def generate(self, request: EngineRequest, handoff: Optional[Handoff]) -> AsyncIterator[Any]:
         params = self.kv_params(request, handoff)
-        with replica_span(self.tracing, "tandem.decode", request, **self.span_attributes(request, handoff, params)) as span:
+        with replica_span(self.tracing, "tandem.decode", request,
+                          lambda: self.span_attributes(request, handoff, params)) as span:
             # Tokens that pile up while the gateway is busy go out as one Ray item (cluster/coalesce.py).
             async for chunk in coalesced(self.engine.generate(joined(request, span), params), self.engine.merge_outputs):
                 yield chunk
@@ -90,7 +91,8 @@ class DecodeWorker(EngineReplica):
         box = self.outboxes.open(gateway)
         box.start(stream_id)
         error: Optional[BaseException] = None
-        with replica_span(self.tracing, "tandem.decode", request, **self.span_attributes(request, handoff, params)) as span:
+        with replica_span(self.tracing, "tandem.decode", request,
+                          lambda: self.span_attributes(request, handoff, params)) as span:
             try:
                 yield self.info.worker_id
                 async for output in self.engine.generate(joined(request, span), params):

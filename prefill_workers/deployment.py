@@ -29,7 +29,8 @@ class PrefillWorker(EngineReplica):
 
     async def prefill(self, request: EngineRequest, first_token: bool = False) -> PrefillResult:
         """`first_token`: sample the answer's first token here (kv_transfer/first_token.py)."""
-        with replica_span(self.tracing, "tandem.prefill", request, **self.span_attributes(request)) as span:
+        with replica_span(self.tracing, "tandem.prefill", request,
+                          lambda: self.span_attributes(request)) as span:
             with self.signals.pending_prompt(len(request.prompt_token_ids)):  # autoscaling signal
                 result = await self.engine.prefill(joined(request, span), first_token=first_token)
             result = dataclasses.replace(result, handoff=self.handoff(result))
@@ -40,7 +41,8 @@ class PrefillWorker(EngineReplica):
 
     async def generate(self, request: EngineRequest) -> AsyncIterator[Any]:
         """The whole request, streamed (as a decode replica streams, cluster/coalesce.py)."""
-        with replica_span(self.tracing, "tandem.whole", request, **self.span_attributes(request)) as span:
+        with replica_span(self.tracing, "tandem.whole", request,
+                          lambda: self.span_attributes(request)) as span:
             stream = coalesced(self.engine.generate(joined(request, span), None), self.engine.merge_outputs)
             try:
                 with self.signals.pending_prompt(len(request.prompt_token_ids)):  # autoscaling signal

@@ -225,7 +225,7 @@ def test_a_replica_span_joins_the_hop_and_gives_vllm_its_own_parent() -> None:
     replica = Tracing.from_config(ON, "decode", exporter=exporter, batch=False)
     hop = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
     request = EngineRequest("r", (1, 2), None, tier=TIER, traceparent=hop)  # type: ignore[arg-type]
-    with replica_span(replica, "tandem.decode", request, **{"tandem.kv.pull": True}) as span:
+    with replica_span(replica, "tandem.decode", request, lambda: {"tandem.kv.pull": True}) as span:
         from cluster.tracing import joined
 
         inner = joined(request, span)

@@ -97,12 +97,11 @@ class Tracing:
         if exporter is None:
             if cfg.exporter == "file":
                 exporter = JsonLinesExporter(Path(cfg.file_dir or ".") / f"{service}-{os.getpid()}.jsonl")
+                batch = False  # each span written as it ends (a debugging aid, read back by tests)
             else:
                 exporter = otlp_exporter(cfg)
         provider = TracerProvider(resource=Resource.create({"service.name": service}),
                                   sampler=ParentBased(TraceIdRatioBased(cfg.sampling_ratio)))
-        # The file exporter writes each span as it ends (a debugging aid, read back by tests).
-        batch = batch and cfg.exporter != "file"
         provider.add_span_processor(BatchSpanProcessor(exporter) if batch else SimpleSpanProcessor(exporter))
         return cls(provider, service)
 

@@ -75,10 +75,13 @@ class EngineRequest:
     # vLLM's prefix-cache salt (its tenant's, auth.prefix_cache isolate): prompts of different
     # salts never share cached blocks. Both hops pass it, so both engines hash alike.
     cache_salt: Optional[str] = None
+    # The W3C traceparent of the gateway's span for this hop, when the request is traced
+    # (cluster/tracing.py): the replica's span joins the trace under it. None: not traced.
+    traceparent: Optional[str] = None
 
     def __reduce__(self):
         return (EngineRequest, (self.request_id, self.prompt_token_ids, ReceivedSampling.of(self.sampling),
-                                self.tier, self.cache_salt))
+                                self.tier, self.cache_salt, self.traceparent))
 
 
 def sampling_params(request: EngineRequest) -> "SamplingParams":

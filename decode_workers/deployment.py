@@ -15,6 +15,7 @@ from cluster.coalesce import coalesced
 from cluster.engine.replica import EngineFactory, EngineReplica, build_engine_spec
 from cluster.serve_patch import bind_replica_grpc_on_node_address
 from cluster.protocol import EngineRequest
+from cluster.tracing import joined, replica_span, replica_tracing
 from cluster.metrics import Counter
 from cluster.engine.outbox import Outboxes, WrongReplica
 from kv_transfer.handoff import Handoff, HandoffExpired, HandoffMismatch
@@ -35,6 +36,7 @@ class DecodeWorker(EngineReplica):
         self.tier = tier
         self.start_engine(engine_cls(build_engine_spec(cfg, tier, "kv_consumer")), tier)
         HANDOFFS_EXPIRED.labels(tier=tier).inc(0)  # 0, not "no data", on the dashboard until one expires
+        self.tracing = replica_tracing(cfg, "decode")  # None when observability.tracing is off
 
     def start_engine(self, engine, tier: str) -> None:
         super().start_engine(engine, tier)
@@ -58,11 +60,25 @@ class DecodeWorker(EngineReplica):
             log.warning("request %s: %s; recomputing locally", request.request_id, exc)
         return None
 
+    def span_attributes(self, request: EngineRequest, handoff: Optional[Handoff] = None,
+                        params: Optional[dict[str, Any]] = None) -> dict[str, Any]:
+        """The KV handoff on the span: pulled (how many blocks) or the prompt computed here, and
+        why (no handoff: local prefill or a failed prefill hop; refused: expired or mismatched)."""
+        attributes = super().span_attributes(request)
+        attributes["tandem.kv.pull"] = params is not None
+        if params is not None:
+            attributes["tandem.kv.blocks"] = len(params.get("remote_block_ids") or ())
+        else:
+            attributes["tandem.kv.recompute"] = "no_handoff" if handoff is None else "handoff_refused"
+        return attributes
+
     async def generate(self, request: EngineRequest, handoff: Optional[Handoff]) -> AsyncIterator[Any]:
         params = self.kv_params(request, handoff)
-        # Tokens that pile up while the gateway is busy go out as one Ray item (cluster/coalesce.py).
-        async for chunk in coalesced(self.engine.generate(request, params), self.engine.merge_outputs):
-            yield chunk
+        with replica_span(self.tracing, "tandem.decode", request,
+                          lambda: self.span_attributes(request, handoff, params)) as span:
+            # Tokens that pile up while the gateway is busy go out as one Ray item (cluster/coalesce.py).
+            async for chunk in coalesced(self.engine.generate(joined(request, span), params), self.engine.merge_outputs):
+                yield chunk
 
     async def run(self, request: EngineRequest, handoff: Optional[Handoff], gateway: str,
                   stream_id: str) -> AsyncIterator[str]:
@@ -75,15 +91,17 @@ class DecodeWorker(EngineReplica):
         box = self.outboxes.open(gateway)
         box.start(stream_id)
         error: Optional[BaseException] = None
-        try:
-            yield self.info.worker_id
-            async for output in self.engine.generate(request, params):
-                box.put(stream_id, output)
-        except Exception as exc:
-            error = exc
-            raise
-        finally:
-            box.end(stream_id, error)
+        with replica_span(self.tracing, "tandem.decode", request,
+                          lambda: self.span_attributes(request, handoff, params)) as span:
+            try:
+                yield self.info.worker_id
+                async for output in self.engine.generate(joined(request, span), params):
+                    box.put(stream_id, output)
+            except Exception as exc:
+                error = exc
+                raise
+            finally:
+                box.end(stream_id, error)
 
     async def subscribe(self, subscription_id: str, gateway: str, worker_id: str) -> AsyncIterator[list]:
         """`gateway`'s outputs from this replica, a batch per item (cluster/engine/outbox.py);

@@ -16,6 +16,7 @@ from cluster.config import ClusterConfig
 from cluster.engine.replica import EngineFactory, EngineReplica, build_engine_spec
 from cluster.serve_patch import bind_replica_grpc_on_node_address
 from cluster.protocol import EngineRequest, PrefillResult
+from cluster.tracing import joined, replica_span, replica_tracing
 from kv_transfer.handoff import Handoff, lease_deadline
 
 
@@ -24,26 +25,35 @@ class PrefillWorker(EngineReplica):
     def __init__(self, cfg: ClusterConfig, tier: str, engine_cls: EngineFactory):
         bind_replica_grpc_on_node_address()
         self.start_engine(engine_cls(build_engine_spec(cfg, tier, "kv_producer")), tier)
+        self.tracing = replica_tracing(cfg, "prefill")  # None when observability.tracing is off
 
     async def prefill(self, request: EngineRequest, first_token: bool = False) -> PrefillResult:
         """`first_token`: sample the answer's first token here (kv_transfer/first_token.py)."""
-        with self.signals.pending_prompt(len(request.prompt_token_ids)):  # autoscaling signal
-            result = await self.engine.prefill(request, first_token=first_token)
-        return dataclasses.replace(result, handoff=self.handoff(result))
+        with replica_span(self.tracing, "tandem.prefill", request,
+                          lambda: self.span_attributes(request)) as span:
+            with self.signals.pending_prompt(len(request.prompt_token_ids)):  # autoscaling signal
+                result = await self.engine.prefill(joined(request, span), first_token=first_token)
+            result = dataclasses.replace(result, handoff=self.handoff(result))
+            if span is not None:
+                span.set_attributes({"tandem.handoff": result.handoff is not None,
+                                     "tandem.first_token": result.first is not None})
+            return result
 
     async def generate(self, request: EngineRequest) -> AsyncIterator[Any]:
         """The whole request, streamed (as a decode replica streams, cluster/coalesce.py)."""
-        stream = coalesced(self.engine.generate(request, None), self.engine.merge_outputs)
-        try:
-            with self.signals.pending_prompt(len(request.prompt_token_ids)):  # autoscaling signal
-                first = await anext(stream, None)
-            if first is None:
-                return
-            yield first
-            async for chunk in stream:
-                yield chunk
-        finally:
-            await stream.aclose()
+        with replica_span(self.tracing, "tandem.whole", request,
+                          lambda: self.span_attributes(request)) as span:
+            stream = coalesced(self.engine.generate(joined(request, span), None), self.engine.merge_outputs)
+            try:
+                with self.signals.pending_prompt(len(request.prompt_token_ids)):  # autoscaling signal
+                    first = await anext(stream, None)
+                if first is None:
+                    return
+                yield first
+                async for chunk in stream:
+                    yield chunk
+            finally:
+                await stream.aclose()
 
     def handoff(self, result: PrefillResult) -> Handoff | None:
         """The envelope decode checks. None when the answer ended on its first token (nothing

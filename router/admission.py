@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any, AsyncIterator, Callable, Mapping, Optiona
 from cluster.config import AdmissionConfig
 from cluster.metrics import Counter, Gauge
 from cluster.protocol import EngineRequest
+from cluster.tracing import Tracing, end_span
 from router.backend import Backend
 from router.concurrency_limit import AdaptiveLimit
 from router.openai.errors import too_many_requests
@@ -151,6 +152,8 @@ class TierGate:
 class AdmissionControl:
     """An OpenAIBackend that admits each request through its tier's gate."""
 
+    tracing: Optional[Tracing] = None  # set by the gateway when tracing is on: a span per wait
+
     def __init__(self, backend: Backend, limits: Mapping[str, AdmissionConfig]):
         """`limits`: tier → its AdmissionConfig."""
         self.backend = backend
@@ -160,11 +163,16 @@ class AdmissionControl:
 
     async def generate(self, request: EngineRequest) -> AsyncIterator[RequestOutput]:
         gate = self.gates[request.tier]
+        span = self.tracing and self.tracing.child("tandem.admission", **{"tandem.tier": gate.tier})
         QUEUED.labels(gate.tier).inc()
         try:
             await gate.enter()
+        except BaseException as exc:
+            end_span(span, exc)  # a 429 ends the wait failed, with its status
+            raise
         finally:
             QUEUED.labels(gate.tier).dec()
+        end_span(span)
         RUNNING.labels(gate.tier).inc()
         admitted_at, first = gate.now(), True
         try:

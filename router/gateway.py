@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from typing import Optional
 
 from ray import serve
 
@@ -25,6 +26,7 @@ from cluster.config import ClusterConfig
 from cluster.engine.vllm import structured_outputs_config
 from cluster.types import TierPools
 from cluster.serve_patch import bind_replica_grpc_on_node_address
+from cluster.tracing import Tracing
 from cluster.hardware import engine_dtype_here
 from router.admission import AdmissionControl
 from router.auth import ApiKeyAuth
@@ -39,12 +41,15 @@ from router.ratelimit_shared import SharedRateLimiter, rate_limiter_from_config
 from router.request_metrics import HttpMetricsMiddleware, MeasuredBackend, declare_series
 from router.routing.build import build_kv_router
 from router.routing.service import KVRouter
+from router.tracing import TracingEdge, instrument_gateway
 
 log = logging.getLogger(__name__)
 
 
 class GatewayReplica:
     """What every gateway replica holds, whichever ingress serves its HTTP app."""
+
+    tracing: Optional[Tracing] = None  # observability.tracing (None: off)
 
     def __init__(self, cfg: ClusterConfig, pools: dict[str, TierPools]):
         bind_replica_grpc_on_node_address()  # loopback on a local cluster (cluster/serve_patch.py)
@@ -77,9 +82,13 @@ class GatewayReplica:
         self.admission = AdmissionControl(self.backend, {tier: t.admission for tier, t in cfg.tiers.items()})
         # Outermost, so TTFT includes the admission queue and 429s count as outcomes.
         self.measured = MeasuredBackend(self.admission)
+        # observability.tracing: this process's tracer (None when off: nothing below traces).
+        self.tracing = Tracing.from_config(cfg.observability.tracing, "gateway")
+        traced = instrument_gateway(self.tracing, backend=self.backend, router=self.router,
+                                    admission=self.admission, outer=self.measured)
         # The key is checked once, at the edge (auth.caller); the limits read the tenant it found.
         rate_limit = self.rate_limits.hook() if self.rate_limits.active else None
-        self.engine_client = PDEngineClient(vllm_config_of(self.args), self.measured, cfg.default_tier,
+        self.engine_client = PDEngineClient(vllm_config_of(self.args), traced, cfg.default_tier,
                                             rate_limit=rate_limit)
         declare_series(list(cfg.tiers))
 
@@ -99,10 +108,13 @@ class GatewayReplica:
             max_body_bytes=gw.max_body_bytes, body_read_timeout_s=gw.body_read_timeout_s,
             health_interval_s=gw.health_interval_s, allowed_hosts=gw.resolved_allowed_hosts(),
         )
-        return HttpMetricsMiddleware(app)
+        app = HttpMetricsMiddleware(app)
+        return app if self.tracing is None else TracingEdge(app, self.tracing)
 
     async def close(self) -> None:
         await close_gateway(self.warmer, self.router, self.rate_limits, self.engine_client, self.backend.hops)
+        if self.tracing is not None:
+            await asyncio.to_thread(self.tracing.shutdown)  # flushes what is still batched
 
 
 @serve.deployment(name="Gateway", ray_actor_options={"num_cpus": 0})

@@ -10,6 +10,7 @@ import yaml
 from pydantic import Field, ValidationError, model_validator
 
 from cluster.config.base import ConfigError, _Strict, is_hub_id
+from cluster.config.observability import ObservabilityConfig
 from cluster.config.pools import ModelConfig, PoolConfig, TierConfig
 from cluster.config.services import AuthConfig, GatewayConfig, KVTransferConfig, RayConfig, RoutingConfig
 
@@ -29,6 +30,7 @@ class ClusterConfig(_Strict):
     ray: RayConfig = Field(RayConfig(), description="The Ray cluster.")
     auth: AuthConfig = Field(AuthConfig(), description="API keys, tenants, rate limits.")
     routing: RoutingConfig = Field(RoutingConfig(), description="KV-aware routing and the P/D decider.")
+    observability: ObservabilityConfig = Field(ObservabilityConfig(), description="Traces (OpenTelemetry).")
 
     @model_validator(mode="before")
     @classmethod

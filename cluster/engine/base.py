@@ -82,6 +82,9 @@ class EngineSpec:
     # The pool the engine serves: its `vllm:*` metrics go out through Ray labelled with it
     # (vllm_ray_metrics.py). None outside a cluster (tests, benchmarks): vLLM's registry only.
     pool: Optional[PoolId] = None
+    # observability.tracing.engine_spans: vLLM's own OTLP exporter (`otlp_traces_endpoint`); its
+    # request spans join the replica's (trace_headers). None: vLLM traces nothing.
+    otlp_traces_endpoint: Optional[str] = None
 
 
 @dataclass(frozen=True)

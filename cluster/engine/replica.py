@@ -17,7 +17,7 @@ wiring.
 from __future__ import annotations
 
 import socket
-from typing import Callable, Optional
+from typing import Any, Callable, Optional
 
 from cluster.autoscaling.signals import ReplicaSignals
 from cluster.config import ClusterConfig
@@ -25,6 +25,7 @@ from cluster.engine.base import Engine, EngineInfo, EngineSpec
 from cluster.engine.metrics import ITL_COUNT, ITL_SUM, EngineMetricsExporter, EngineStats
 from cluster.engine.metrics import engine_stats as engine_stats_of
 from cluster.hardware import cpu_flags, engine_dtype, has_nvidia_gpu
+from cluster.tracing import Tracing
 from cluster.types import PoolId, RoutingStats
 from kv_transfer.nixl import KVRole, claim_side_channel
 
@@ -64,6 +65,12 @@ def replica_rank_and_id() -> tuple[int, str]:
         return 0, socket.gethostname()
 
 
+def engine_traces_endpoint(tracing) -> Optional[str]:
+    """Where vLLM's own engine spans go (observability.tracing.engine_spans), or None."""
+    on = tracing.enabled and tracing.engine_spans and tracing.exporter == "otlp"
+    return tracing.endpoint if on else None
+
+
 def build_engine_spec(cfg: ClusterConfig, tier: str, role: KVRole) -> EngineSpec:
     pool_name = "prefill" if role == "kv_producer" else "decode"
     pool = cfg.tiers[tier].pools()[pool_name]
@@ -90,6 +97,7 @@ def build_engine_spec(cfg: ClusterConfig, tier: str, role: KVRole) -> EngineSpec
         reasoning_parser=cfg.model.reasoning_parser,
         config_key=f"tiers.{tier}.{pool_name}.engine",
         pool=PoolId(tier, pool_name),
+        otlp_traces_endpoint=engine_traces_endpoint(cfg.observability.tracing),
     )
 
 
@@ -104,6 +112,7 @@ class EngineReplica:
     info: EngineInfo
     _signals: Optional[ReplicaSignals] = None
     _metrics: Optional[EngineMetricsExporter] = None
+    tracing: Optional[Tracing] = None  # observability.tracing; the deployment's __init__ sets it
 
     def start_engine(self, engine: Engine, tier: str) -> None:
         """Start the engine (blocks until it takes requests), then publish its metrics."""
@@ -128,6 +137,10 @@ class EngineReplica:
     async def record_autoscaling_stats(self) -> dict[str, float]:
         """Ray Serve's hook: called every record period when the pool autoscales."""
         return self.signals.sample()
+
+    def span_attributes(self, request: Any) -> dict[str, Any]:
+        """What a replica's span of `request` says (cluster/tracing.py): counts and names only."""
+        return {"tandem.worker": self.info.worker_id, "gen_ai.usage.input_tokens": len(request.prompt_token_ids)}
 
     def describe(self) -> dict:
         """Who this replica is (engine id, NIXL side-channel port, KV-event endpoints, CPU
@@ -189,3 +202,5 @@ class EngineReplica:
         engine = getattr(self, "engine", None)
         if engine is not None:
             engine.shutdown()
+        if self.tracing is not None:
+            self.tracing.shutdown()  # flushes the spans still batched

@@ -72,8 +72,11 @@ def engine_args(spec: EngineSpec) -> Any:
     pool (SET_BY_TANDEM in cluster/config/pools.py)."""
     from vllm.engine.arg_utils import AsyncEngineArgs
 
+    given = parse_engine_args(spec.engine.vllm_args(), spec.config_key)
+    if spec.otlp_traces_endpoint is not None and "otlp_traces_endpoint" not in given:
+        given["otlp_traces_endpoint"] = spec.otlp_traces_endpoint  # observability.tracing.engine_spans
     return AsyncEngineArgs(
-        **parse_engine_args(spec.engine.vllm_args(), spec.config_key),
+        **given,
         model=str(spec.model_path),
         served_model_name=[spec.served_name],
         dtype=spec.dtype,
@@ -230,8 +233,10 @@ class VLLMEngine(Engine):
         from vllm.v1.engine.exceptions import EngineGenerateError
 
         try:
+            # A traced request's replica span is the parent of vLLM's own spans (engine_spans).
+            headers = {"traceparent": request.traceparent} if request.traceparent else None
             async for output in self._llm.generate(
-                _prompt(request), params, request.request_id
+                _prompt(request), params, request.request_id, trace_headers=headers
             ):
                 yield output
         except VLLMClientError as exc:

@@ -45,6 +45,7 @@ from router.routing.directory import PoolDirectory, ReplicaInfo
 from router.routing.ledger import LoadLedger
 from router.routing.pipeline import pick
 from router.routing.types import ROUTE_LABELS, Path, Pick, RouteContext, RouteDecision, Worker
+from router.tracing import annotate_route
 
 log = logging.getLogger(__name__)
 
@@ -74,6 +75,8 @@ def worker_from(info: ReplicaInfo, pool: PoolId, in_flight: int) -> Worker:
 
 
 class KVRouter:
+    traced = False  # set by the gateway when tracing is on: each decision on the request's span
+
     def __init__(self, *, directories: Mapping[tuple[str, str], PoolDirectory], index: Optional[PrefixIndex],
                  weights: Mapping[str, float], decider: PDDecider, subscribe: bool = True,
                  rng: Optional[random.Random] = None, clock: Callable[[], float] = time.monotonic,
@@ -232,6 +235,8 @@ class KVRouter:
         metrics.PREDICTED_HIT_TOKENS.labels(tier=tier, pool="decode" if local else "prefill").inc(hit)
         metrics.PROMPT_TOKENS.labels(tier=tier).inc(ctx.prompt_tokens)
         metrics.DECISION_SECONDS.observe(time.perf_counter() - started)
+        if self.traced:
+            annotate_route(decision)
         return decision
 
     def _decide(self, ctx: RouteContext, tier: str, decode: Pick, prefill: Optional[Pick],

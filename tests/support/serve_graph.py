@@ -15,6 +15,10 @@ MODEL_NAME = "tiny-llama"
 DECODE_REPLICAS = 2  # two, so pinning (n > 1 samples, where a stream runs) is observable
 PREFILL_TIMEOUT_S = 2.0  # short: the prefill-timeout test waits it out
 AUTOSCALING_LOG = TEST_STATE / "serve-autoscaling-decisions.jsonl"
+# Every process of the graph writes its spans here (observability.tracing, exporter file), one
+# file per process; sampling 0: only a request that sends a sampled traceparent is traced
+# (tests/serve/test_tracing.py), so the other tests run as without tracing.
+TRACES_DIR = TEST_STATE / "serve-traces"
 # The prefill pool autoscales 1..2, quickly, on queued prompt tokens (test_autoscaling.py);
 # one 17-token prompt waiting out the prefill timeout (3.5 s) is far below the target, and no
 # other test here queues 128 tokens for the 1 s upscale delay. A 1 s window and 1 s downscale
@@ -43,6 +47,8 @@ def serve_config(model_dir: Path, gateway_port: int, metrics_port: int):
         "kv_transfer": {"prefill_timeout_s": PREFILL_TIMEOUT_S},
         "routing": {"disaggregation": "always"},  # every request takes the P/D path
         "ray": {"num_cpus": 2, "metrics_export_port": metrics_port},
+        "observability": {"tracing": {"enabled": True, "exporter": "file", "file_dir": str(TRACES_DIR),
+                                      "sampling_ratio": 0.0}},
     })
 
 

@@ -148,3 +148,18 @@ def test_settings_mean_what_vllm_serve_config_makes_of_them(tmp_path, settings):
 def test_cli_args_are_vllm_flags():
     assert cli_args({"enforce_eager": False, "max_num_seqs": 4, "speculative_config": {"method": "ngram"}}) == [
         "--no-enforce-eager", "--max-num-seqs", "4", "--speculative-config", '{"method": "ngram"}']
+
+
+def test_engine_spans_pass_the_otlp_endpoint_to_vllm_unless_the_pool_sets_its_own():
+    """observability.tracing.engine_spans (cluster/engine/replica.py engine_traces_endpoint)."""
+    from cluster.config import TracingConfig
+    from cluster.engine.replica import engine_traces_endpoint
+
+    on = TracingConfig(enabled=True, endpoint="http://otel:4317", engine_spans=True)
+    assert engine_traces_endpoint(on) == "http://otel:4317"
+    assert engine_traces_endpoint(TracingConfig(enabled=True, endpoint="http://otel:4317")) is None  # opt-in
+    assert engine_traces_endpoint(TracingConfig(endpoint="http://otel:4317", engine_spans=True)) is None  # off
+    assert engine_args(_spec({}, otlp_traces_endpoint="http://otel:4317")).otlp_traces_endpoint == "http://otel:4317"
+    assert engine_args(_spec({})).otlp_traces_endpoint is None
+    own = engine_args(_spec({"otlp_traces_endpoint": "http://mine:4317"}, otlp_traces_endpoint="http://otel:4317"))
+    assert own.otlp_traces_endpoint == "http://mine:4317"

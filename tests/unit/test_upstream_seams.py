@@ -241,6 +241,21 @@ def test_the_engine_wrappers_vllm_calls_exist():
         update("cluster/engine/vllm.py", "vLLM's tokens_input changed (the engine input _prompt should build)")
 
 
+def test_vllms_engine_tracing_takes_what_tandem_passes():
+    """cluster/engine/vllm.py with observability.tracing.engine_spans: the engine argument and
+    the per-request trace headers (UPSTREAM.md row 23)."""
+    import dataclasses
+    import inspect
+
+    from vllm.engine.arg_utils import AsyncEngineArgs
+    from vllm.v1.engine.async_llm import AsyncLLM
+
+    assert "otlp_traces_endpoint" in {f.name for f in dataclasses.fields(AsyncEngineArgs)}, \
+        update("cluster/engine/vllm.py", "AsyncEngineArgs.otlp_traces_endpoint is gone")
+    assert "trace_headers" in inspect.signature(AsyncLLM.generate).parameters, \
+        update("cluster/engine/vllm.py", "AsyncLLM.generate takes no trace_headers")
+
+
 # -- Ray ---------------------------------------------------------------------------------------
 
 def test_a_ray_counter_is_made_at_zero_through_record():

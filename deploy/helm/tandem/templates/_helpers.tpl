@@ -106,6 +106,16 @@ with gpu_memory_utilization and no kv_cache_memory_bytes gets the null (KV cache
 {{- $_ := set $routing "index" $index -}}
 {{- $_ := set $cfg "routing" $routing -}}
 {{- end -}}
+{{- with .Values.monitoring.tracing.otlpEndpoint -}}
+{{- /* monitoring.tracing: tracing on, to this receiver, unless cluster.observability.tracing says otherwise */ -}}
+{{- $obs := $cfg.observability | default dict -}}
+{{- $tracing := $obs.tracing | default dict -}}
+{{- if not $tracing.endpoint -}}{{- $_ := set $tracing "endpoint" . -}}{{- end -}}
+{{- if not (hasKey $tracing "enabled") -}}{{- $_ := set $tracing "enabled" true -}}{{- end -}}
+{{- if not $tracing.protocol -}}{{- $_ := set $tracing "protocol" $.Values.monitoring.tracing.protocol -}}{{- end -}}
+{{- $_ := set $obs "tracing" $tracing -}}
+{{- $_ := set $cfg "observability" $obs -}}
+{{- end -}}
 {{- toJson $cfg -}}
 {{- end -}}
 

@@ -27,6 +27,10 @@ request takes the plain path (the prefill's token dropped, decode samples token 
 Sampling n > 1 takes the plain path too ("n"): each sample needs its own first token, and
 router/pd/samples.py runs the samples as decode requests that share one prefill.
 
+Text: decode's detokenizer starts from prompt + token 1; where token 1 ends inside a character
+(byte tokens of an emoji or CJK character), its text would be wrong, and the gateway restates
+it (router/pd/answer_text.py).
+
 Call order (router/pd/path.py): `reuse_blocker(sampling)`; prefill with reuse → its first
 RequestOutput; if that output finished the answer (stop, EOS, max_tokens 1) there is no
 decode hop; else `continuation(request, first)` is the decode request, and

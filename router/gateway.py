@@ -21,6 +21,7 @@ import logging
 from typing import Optional
 
 from ray import serve
+from vllm.tokenizers import cached_tokenizer_from_config
 
 from cluster.config import ClusterConfig
 from cluster.engine.vllm import structured_outputs_config
@@ -61,6 +62,7 @@ class GatewayReplica:
             max_model_len=cfg.model.max_model_len, tool_parser=cfg.model.tool_parser,
             reasoning_parser=cfg.model.reasoning_parser,
             structured_outputs=structured_outputs_config(default_engine, cfg.model.reasoning_parser))
+        vllm_config = vllm_config_of(self.args)
         self.router = build_kv_router(cfg)
         self.backend = DisaggregatedBackend(
             pools=pools,
@@ -70,6 +72,8 @@ class GatewayReplica:
             decode_first_token_timeout_s=cfg.gateway.decode_first_token_timeout_s,
             decode_streams=cfg.gateway.decode_streams,
             migration_limit=cfg.kv_transfer.migration_limit,
+            # The renderer's own (cached) tokenizer: the text of an answer continued mid-character.
+            tokenizer=cached_tokenizer_from_config(vllm_config.model_config),
         )
         # Every prefill/decode pair does its NIXL handshake before user traffic needs it.
         self.warmer = HandshakeWarmer(pools=pools, router=self.router)
@@ -88,7 +92,7 @@ class GatewayReplica:
                                     admission=self.admission, outer=self.measured)
         # The key is checked once, at the edge (auth.caller); the limits read the tenant it found.
         rate_limit = self.rate_limits.hook() if self.rate_limits.active else None
-        self.engine_client = PDEngineClient(vllm_config_of(self.args), traced, cfg.default_tier,
+        self.engine_client = PDEngineClient(vllm_config, traced, cfg.default_tier,
                                             rate_limit=rate_limit)
         declare_series(list(cfg.tiers))
 

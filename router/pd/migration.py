@@ -6,8 +6,9 @@ max_tokens and min_tokens reduced by them, the same sampling otherwise, through 
 (router/pd/path.py routes it again, without the replica that failed: remote, local, or whole on
 a prefill replica when no other decode replica is known). The client sees one stream: the
 continuation's outputs follow the sent ones under the request's own id, their cumulative
-logprob restated as the whole answer's (vLLM counts the sent tokens as prompt now), so vLLM's
-serving code builds one answer and one usage from them.
+logprob restated as the whole answer's (vLLM counts the sent tokens as prompt now), their text
+the uncut answer's where the cut split a character (answer_text.py), so vLLM's serving code
+builds one answer and one usage from them.
 
 What may migrate (`refusal` says why not; a refused request fails as before, counted):
 - greedy (temperature 0) and unseeded random sampling: continuing is exactly what one engine
@@ -42,6 +43,7 @@ from typing import Any, Optional
 from cluster.protocol import EngineRequest
 from router.openai.errors import OpenAIError
 from router.path_metrics import MIGRATIONS
+from router.pd.answer_text import AnswerText, text_after_cut
 
 REFUSALS = ("seeded_sampling", "structured_output", "penalties", "bad_words", "engine_state", "stop_strings",
             "extra_args", "limit", "nothing_left")
@@ -108,10 +110,12 @@ class Migration:
     through `sent` on its way to the client; when the attempt fails (`failed(exc)`) or ends
     unfinished (`failed(None)`), `failed` gives the continuation to run next, or None: the
     failure is the request's (raise it). `exclude` lists the replicas the failed attempts ran on
-    (path.py adds each attempt's picks through `ran_on`)."""
+    (path.py adds each attempt's picks through `ran_on`). `tokenizer`: the served model's
+    (None: outputs keep the engine's text; FakeEngine tests)."""
 
     request: EngineRequest
     limit: int
+    tokenizer: Any = None
     tokens: list[int] = field(default_factory=list)  # every token sent to the client
     attempts: int = 0  # continuations started
     finished: bool = False
@@ -119,6 +123,8 @@ class Migration:
     _running: set[str] = field(default_factory=set)  # the current attempt's replica ids
     _cumulative: Optional[float] = None  # the sent tokens' cumulative logprob
     _offset: Optional[float] = None  # added to the current attempt's cumulative logprobs
+    _last: Any = None  # the last output sent
+    _text: Optional[AnswerText] = None  # the current attempt's text, where its engine's is not exact
 
     @property
     def current_id(self) -> str:
@@ -129,7 +135,10 @@ class Migration:
 
     def sent(self, output: Any) -> Any:
         """The attempt's output as the client's: the request's own id; after a cut, the
-        cumulative logprob of the whole answer. Records its tokens as sent."""
+        cumulative logprob of the whole answer, and the uncut answer's text. Records its tokens
+        as sent."""
+        if self._text is not None:
+            output = self._text.restate(output)
         if self._offset is not None:
             output = copy.copy(output)
             output.outputs = [replace(c, cumulative_logprob=None if c.cumulative_logprob is None
@@ -140,6 +149,7 @@ class Migration:
             self.tokens.extend(c.token_ids)
             self._cumulative = c.cumulative_logprob
         self.finished = self.finished or bool(output.finished)
+        self._last = output
         return output
 
     def failed(self, exc: Optional[BaseException]) -> Optional[EngineRequest]:
@@ -163,4 +173,5 @@ class Migration:
         self.exclude |= self._running
         self._running = set()
         self._offset = self._cumulative
+        self._text = text_after_cut(self.tokenizer, self.request, self.tokens, self._last)
         return continuation(self.request, self.tokens, self.attempts)

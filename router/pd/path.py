@@ -35,10 +35,11 @@ import contextlib
 import logging
 from typing import TYPE_CHECKING, Any, AsyncIterator, Collection, Mapping, Optional
 
-from cluster.protocol import EngineRequest
+from cluster.protocol import EngineRequest, new_token_ids
 from cluster.types import TierPools
 from kv_transfer.first_token import FirstTokenOffset, continuation, reuse_blocker
 from router.path_metrics import FIRST_TOKEN, count_prefilled, count_route
+from router.pd.answer_text import text_after_cut
 from router.pd.answers import DecodeStreams, WholeFailed
 from router.pd.hops import Hops
 from router.pd.migration import Migration
@@ -59,7 +60,11 @@ class DisaggregatedBackend:
     def __init__(self, *, pools: Mapping[str, TierPools],
                  prefill_timeout_s: float, router: Optional[KVRouter] = None,
                  first_token_reuse: bool = True, decode_first_token_timeout_s: Optional[float] = None,
-                 decode_streams: DecodeStreams = "per_step", migration_limit: int = 2):
+                 decode_streams: DecodeStreams = "per_step", migration_limit: int = 2,
+                 tokenizer: Any = None):
+        # The served model's tokenizer: the text after a cut that split a character
+        # (answer_text.py). None: engines' text as is (FakeEngine tests).
+        self._tokenizer = tokenizer
         self._router = router  # None: Serve's own replica choice
         self._migration_limit = migration_limit  # continuations per request (migration.py); 0: off
         self._first_token_reuse = first_token_reuse
@@ -82,7 +87,7 @@ class DisaggregatedBackend:
         """`request`'s answer; a stream that breaks after tokens reached the client is continued
         through the normal path, without the replica that failed (migration.py). `first`: the
         first attempt's stream, where the caller started it (a sample of n > 1, on `first_on`)."""
-        migration = Migration(request, self._migration_limit)
+        migration = Migration(request, self._migration_limit, self._tokenizer)
         if first is not None:
             migration.ran_on(_replica(first_on))
         attempt = first if first is not None else self._once(request, migration)
@@ -142,7 +147,7 @@ class DisaggregatedBackend:
             answer = await self.hops.prefill(request, None if decision is None else decision.prefill, reuse)
             route = count_prefilled(tier, answer.failed)
             handoff, first, prompt_logprobs = answer.handoff, answer.first, answer.prompt_logprobs
-        offset = None
+        offset = text = None
         if first is not None:
             # The prefill's token goes out now; decode continues after it.
             first.prompt_logprobs, prompt_logprobs = prompt_logprobs, None
@@ -150,6 +155,7 @@ class DisaggregatedBackend:
             if first.finished:
                 return
             offset = FirstTokenOffset(first.outputs[0].cumulative_logprob)
+            text = text_after_cut(self._tokenizer, request, new_token_ids(first), first)
             request = continuation(request, first)
         elif prompt_logprobs is not None:
             request = without_prompt_logprobs(request)
@@ -159,6 +165,8 @@ class DisaggregatedBackend:
             async for output in decoded:
                 if prompt_logprobs is not None:
                     output.prompt_logprobs, prompt_logprobs = prompt_logprobs, None
+                if text is not None:
+                    output = text.restate(output)
                 yield output if offset is None else offset.apply(output)
 
     async def _route(self, request: EngineRequest, exclude: Collection[str] = ()) -> Optional[RouteDecision]:

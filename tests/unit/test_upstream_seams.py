@@ -256,6 +256,26 @@ def test_vllms_engine_tracing_takes_what_tandem_passes():
         update("cluster/engine/vllm.py", "AsyncLLM.generate takes no trace_headers")
 
 
+def test_vllms_incremental_detokenizer_is_what_answer_text_replays(tiny_model_dir):
+    """router/pd/answer_text.py: built from an EngineCoreRequest of the fields it passes, the
+    detokenizer the engines run (FastIncrementalDetokenizer for a tokenizers backend), with
+    update / get_next_output_text (UPSTREAM.md row 24)."""
+    from vllm import SamplingParams
+    from vllm.tokenizers import get_tokenizer
+    from vllm.v1.engine.detokenizer import FastIncrementalDetokenizer
+
+    from cluster.protocol import EngineRequest
+    from router.pd.answer_text import AnswerText
+
+    tokenizer = get_tokenizer(str(tiny_model_dir))
+    ids = tokenizer.encode("hello there", add_special_tokens=False)
+    text = AnswerText(tokenizer, EngineRequest("r", tuple(ids[:1]), SamplingParams(temperature=0), tier="t"), ids[1:2])
+    assert isinstance(text._detok, FastIncrementalDetokenizer), \
+        update("router/pd/answer_text.py", "vLLM's engines no longer detokenize with FastIncrementalDetokenizer")
+    assert text._detok.output_token_ids == list(ids[1:2]), \
+        update("router/pd/answer_text.py", "IncrementalDetokenizer.update no longer records the tokens sent")
+
+
 # -- Ray ---------------------------------------------------------------------------------------
 
 def test_a_ray_counter_is_made_at_zero_through_record():

@@ -25,14 +25,18 @@ def _actor_options(pool: PoolConfig) -> dict:
     return options
 
 
-def _pool_options(pool: PoolConfig, role: str, slo: SLOConfig, admission: AdmissionConfig) -> dict:
+def _pool_options(pool: PoolConfig, role: str, slo: SLOConfig, admission: AdmissionConfig,
+                  max_model_len: int) -> dict:
     options = {
         "num_replicas": pool.replicas,
         "ray_actor_options": _actor_options(pool),
         # vLLM's engine start takes tens of seconds on CPU; don't let Serve give up early.
         "health_check_period_s": 10,
         "health_check_timeout_s": 60,
-        "graceful_shutdown_timeout_s": 20,
+        # Serve's own drain: a replica it removes gets no new requests and is stopped once its
+        # ongoing ones (each decode stream's run call, its step subscription) end, or at this
+        # deadline; streams cut there migrate (router/pd/migration.py).
+        "graceful_shutdown_timeout_s": drain_timeout_s(pool, role, slo, max_model_len),
         "max_ongoing_requests": max(pool.engine.max_num_seqs * 2, 8),
         # Bounded: past it Serve refuses at once (BackPressureError: a 429 at the gateway, or a
         # recompute for a prefill) instead of queueing without end behind a stuck pool.
@@ -49,6 +53,20 @@ def _pool_options(pool: PoolConfig, role: str, slo: SLOConfig, admission: Admiss
         del options["num_replicas"]
         options["autoscaling_config"] = serve_autoscaling_config(role, pool, slo)
     return options
+
+
+MIN_DRAIN_S = 20.0  # what Serve gave every pool before the drain was configurable
+
+
+def drain_timeout_s(pool: PoolConfig, role: str, slo: SLOConfig, max_model_len: int) -> float:
+    """How long a removed replica may finish what it has (pool.drain_timeout_s): by default, a
+    decode replica the tier's longest answer (every token of the context at the tier's
+    inter-token objective), a prefill replica its prompts in flight."""
+    if pool.drain_timeout_s is not None:
+        return pool.drain_timeout_s
+    if role == "decode":
+        return max(MIN_DRAIN_S, max_model_len * slo.itl_s)
+    return MIN_DRAIN_S
 
 
 def max_queued_requests(admission: AdmissionConfig) -> int:
@@ -75,7 +93,7 @@ def build_app(cfg: ClusterConfig, engine_cls: Optional["EngineFactory"] = None) 
 
     def bound(deployment, tier: str, role: str, pool: PoolConfig):
         t = cfg.tiers[tier]
-        options = _pool_options(pool, role, t.slo, t.admission)
+        options = _pool_options(pool, role, t.slo, t.admission, cfg.model.max_model_len)
         return deployment.options(name=PoolId(tier, role).deployment_name, **options).bind(cfg, tier, engine_cls)
 
     pools = {

@@ -176,6 +176,12 @@ class PoolConfig(_Strict):
     engine: EngineConfig = Field(EngineConfig(), description="The pool's vLLM engine arguments.")
     autoscaling: Optional[AutoscalingConfig] = Field(None, description="None: a fixed `replicas`.")
     placement: PlacementConfig = Field(PlacementConfig(), description="Which Ray nodes the replicas may run on.")
+    drain_timeout_s: Optional[float] = Field(
+        None, gt=0, description="How long a replica that Serve removes (scale-down, redeploy) keeps serving the requests "
+                                "it has; Serve sends it no new ones meanwhile, and stops it when they are done. Streams "
+                                "still running at the deadline continue on another replica (migration). None: a decode "
+                                "pool waits for the tier's longest answer (model.max_model_len tokens at slo.itl_s, at "
+                                "least 20 s); a prefill pool 20 s.")
 
 
 class SLOConfig(_Strict):

@@ -90,5 +90,20 @@ def test_serve_queues_are_bounded_by_admission():
     from cluster.app import _pool_options
     from cluster.config import PoolConfig, SLOConfig
 
-    options = _pool_options(PoolConfig(), "decode", SLOConfig(), AdmissionConfig(max_running=64))
+    options = _pool_options(PoolConfig(), "decode", SLOConfig(), AdmissionConfig(max_running=64), 2048)
     assert options["max_queued_requests"] == 80
+
+
+def test_a_removed_replica_drains_for_the_tiers_longest_answer():
+    """Serve's graceful shutdown is the drain (cluster/app.py drain_timeout_s): a decode replica
+    waits for an answer of the whole context at the tier's inter-token objective."""
+    from cluster.app import _pool_options, drain_timeout_s
+    from cluster.config import PoolConfig, SLOConfig
+
+    slo = SLOConfig(itl_s=0.05)
+    assert drain_timeout_s(PoolConfig(), "decode", slo, 2048) == 2048 * 0.05
+    assert drain_timeout_s(PoolConfig(), "decode", slo, 128) == 20.0  # never under what Serve had
+    assert drain_timeout_s(PoolConfig(), "prefill", slo, 2048) == 20.0
+    assert drain_timeout_s(PoolConfig(drain_timeout_s=7), "decode", slo, 2048) == 7
+    options = _pool_options(PoolConfig(), "decode", slo, AdmissionConfig(), 4096)
+    assert options["graceful_shutdown_timeout_s"] == 4096 * 0.05

@@ -220,7 +220,8 @@ class LocalCluster:
 
 
 def run_app(app, name: str, deadline: float, progress: Callable[[str], None] = print,
-            t0: Optional[float] = None, route_prefix: Optional[str] = "/", heartbeat_s: float = 30.0) -> None:
+            t0: Optional[float] = None, route_prefix: Optional[str] = "/", heartbeat_s: float = 30.0,
+            external_scaler: bool = False) -> None:
     """Deploy `app` and wait until it runs, within a deadline (monotonic). Progress: one line
     when the deployments' states change, or every `heartbeat_s` while they don't (engines load
     for minutes; a line now and then says the start is alive without filling the console), and
@@ -228,12 +229,13 @@ def run_app(app, name: str, deadline: float, progress: Callable[[str], None] = p
     Public `serve.run` waits without a bound: one engine whose start hangs would hold it forever
     (and deleting the app does not end that wait), so this deploys without waiting (Serve's
     `_run`, what serve.run calls) and waits itself. Past the deadline the app is deleted and
-    TimeoutError names the deployments that were not ready."""
+    TimeoutError names the deployments that were not ready. `external_scaler`: Serve's
+    external scaling API may set a pool's replica count (tests/serve scales decode down with it)."""
     from ray import serve
     from ray.serve.schema import ApplicationStatus
 
     t0 = time.monotonic() if t0 is None else t0
-    serve._run(app, _blocking=False, name=name, route_prefix=route_prefix)
+    serve._run(app, _blocking=False, name=name, route_prefix=route_prefix, external_scaler_enabled=external_scaler)
     last, said_at = "", 0.0
     notes: dict[str, Optional[str]] = {}
     while True:

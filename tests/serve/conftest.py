@@ -14,8 +14,8 @@ tests ahead of the others (a stable sort: the others keep their order). `make te
 each folder in its own pytest process (unit, serve, integration); the sort is for a bare
 `pytest`. Within the folder, the test that scales the prefill pool (`scales_prefill`) and the
 one that starts its own Ray (`own_ray`) run last, in that order; every test here is marked
-`serve` here, not per file. The test that kills decode replicas (`replaces_decode`) runs
-before both.
+`serve` here, not per file. The test that kills decode replicas (`replaces_decode`) and the one
+that scales decode down and back (`drains_decode`) run before both.
 
 Start-up, on 2 cores (most of this folder's time): `serve_session` imports the app's modules
 (vLLM's OpenAI server, ~9 s of CPU) in a thread while Ray and Serve start (mostly waiting on
@@ -38,7 +38,7 @@ from tests.support.serve_graph import AUTOSCALING_LOG, ServeGraph, free_port, se
 
 HERE = Path(__file__).resolve().parent
 # The other tests count on one prefill replica; the benchmark's Ray should overlap this folder's least.
-LAST = ("replaces_decode", "scales_prefill", "own_ray")
+LAST = ("replaces_decode", "drains_decode", "scales_prefill", "own_ray")
 
 
 def pytest_collection_modifyitems(config, items):
@@ -83,7 +83,8 @@ def serve_session(tiny_model_dir):
     started = time.monotonic()
 
     def deploy(building: Future) -> ServeGraph:
-        run_app(building.result(), APP_NAME, started + 240, t0=started)
+        # The external scaler: test_drain.py sets the decode pool's replica count.
+        run_app(building.result(), APP_NAME, started + 240, t0=started, external_scaler=True)
         wait_until_ready(url, started + 240, poll_s=0.25)
         print(f"\n[tests/serve] Serve graph with FakeEngine ready in {time.monotonic() - started:.1f} s")
         return ServeGraph(url=url, cfg=cfg, vocab_size=vocab)
@@ -135,6 +136,11 @@ def graph(serve_session) -> ServeGraph:
 @pytest.fixture
 def replaces_decode() -> None:
     """Used by a test that kills decode replicas (Serve replaces them): after the tests counting on both."""
+
+
+@pytest.fixture
+def drains_decode() -> None:
+    """Used by a test that scales the decode pool down (and back): after the tests counting on both."""
 
 
 @pytest.fixture

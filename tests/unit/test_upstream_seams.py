@@ -363,6 +363,13 @@ def test_serves_private_client_the_serve_tests_tear_down_exists():
 
     assert hasattr(context, "_global_client") and callable(getattr(context, "_disconnect", None)), \
         update("tests/serve/conftest.py", "ray.serve.context._global_client or _disconnect is gone (_end_ray)")
+    from ray.serve._private.common import DeploymentID
+    from ray.serve._private.controller import ServeController
+
+    assert "target_num_replicas" in inspect.signature(ServeController.update_deployment_replicas).parameters, \
+        update("tests/serve/test_drain.py", "ServeController.update_deployment_replicas changed (the external scaler)")
+    assert {"name", "app_name"} <= set(inspect.signature(DeploymentID).parameters), \
+        update("tests/serve/test_drain.py", "DeploymentID's fields changed")
 
 
 # -- NIXL --------------------------------------------------------------------------------------

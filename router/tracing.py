@@ -11,6 +11,8 @@ Built only when tracing is on (router/gateway.py), each a thin layer around what
   output token counts, first token (an event), finish reason, on the request span.
 - `admission` (router/admission.py): a child span for the wait for a place; a 429 ends it failed.
 - `annotate_route` (router/routing/service.py): the route decision's path and reason.
+- `annotate_migration` (router/pd/path.py): a stream that broke after tokens were sent, continued
+  or refused (router/pd/migration.py), as an event on the request span.
 - `TracedHops` (around router/pd/hops.py's Hops): a client span per prefill, decode and whole
   hop; the hop's `traceparent` goes to the replica in `EngineRequest.traceparent`, where the
   replica's own span joins the trace (prefill_workers/, decode_workers/).
@@ -133,6 +135,18 @@ def annotate_route(decision: "RouteDecision") -> None:
     if span.is_recording():
         span.set_attributes({"tandem.route.path": decision.path, "tandem.route.reason": decision.reason,
                              "tandem.route.predicted_hit_tokens": decision.predicted_hit_tokens})
+
+
+def annotate_migration(result: str, reason: str, tokens_sent: int, attempt: int) -> None:
+    """A broken stream's outcome (continued, with what broke it; or refused, with the rule) on
+    the request span (when it is sampled)."""
+    from opentelemetry import trace
+
+    span = trace.get_current_span()
+    if span.is_recording():
+        span.add_event("tandem.migration", {"tandem.migration.result": result, "tandem.migration.reason": reason,
+                                            "tandem.migration.tokens_sent": tokens_sent,
+                                            "tandem.migration.attempt": attempt})
 
 
 def _worker(pick: "Optional[Pick]") -> Optional[str]:

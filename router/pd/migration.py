@@ -125,6 +125,7 @@ class Migration:
     _offset: Optional[float] = None  # added to the current attempt's cumulative logprobs
     _last: Any = None  # the last output sent
     _text: Optional[AnswerText] = None  # the current attempt's text, where its engine's is not exact
+    outcome: Optional[tuple[str, str]] = None  # the last failure's (result, reason), as counted
 
     @property
     def current_id(self) -> str:
@@ -167,8 +168,10 @@ class Migration:
             reason = "nothing_left"
         if reason is not None:
             MIGRATIONS.labels(tier=tier, reason=reason, result="refused").inc()
+            self.outcome = ("refused", reason)
             return None
-        MIGRATIONS.labels(tier=tier, reason=failure_of(exc), result="continued").inc()
+        self.outcome = ("continued", failure_of(exc))
+        MIGRATIONS.labels(tier=tier, reason=self.outcome[1], result="continued").inc()
         self.attempts += 1
         self.exclude |= self._running
         self._running = set()

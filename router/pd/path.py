@@ -46,6 +46,7 @@ from router.pd.migration import Migration
 from router.pd.samples import generate_n, without_prompt_logprobs
 from router.routing.service import KVRouter
 from router.routing.types import Path, Pick, RouteDecision, RouteLabel
+from router.tracing import annotate_migration
 
 if TYPE_CHECKING:
     from vllm.outputs import RequestOutput
@@ -102,7 +103,10 @@ class DisaggregatedBackend:
                 failure = exc
             if failure is None and migration.finished:
                 return
+            migration.outcome = None
             following = migration.failed(failure)
+            if migration.outcome is not None:
+                annotate_migration(*migration.outcome, tokens_sent=len(migration.tokens), attempt=migration.attempts)
             if following is None:
                 if failure is not None:
                     raise failure

@@ -60,13 +60,14 @@ def _record(pool: RecordingPool) -> None:
         method.remote = remote  # type: ignore[method-assign]
 
 
-def traced_edge(*, ratio: float = 1.0, admission: AdmissionConfig | None = None, authenticate=None):
+def traced_edge(*, ratio: float = 1.0, admission: AdmissionConfig | None = None, authenticate=None,
+                decode_replicas: tuple[str, ...] = ("d0",)):
     exporter = InMemorySpanExporter()
     cfg = TracingConfig(enabled=True, exporter="file", file_dir="/nonexistent", sampling_ratio=ratio)
     tracing = Tracing.from_config(cfg, "gateway", exporter=exporter, batch=False)
     dirs = {(TIER, pool): PoolDirectory() for pool in ("prefill", "decode")}
     pools = TierPools(prefill=RecordingPool(dirs[(TIER, "prefill")], ["p0"]),
-                      decode=RecordingPool(dirs[(TIER, "decode")], ["d0"]))
+                      decode=RecordingPool(dirs[(TIER, "decode")], list(decode_replicas)))
     _record(pools.prefill)
     _record(pools.decode)
     router = KVRouter(directories=dirs, index=None, weights={"load": 1.0}, decider=PDDecider(0),
@@ -274,3 +275,23 @@ def test_the_config_needs_a_destination_and_bounds_the_ratio() -> None:
     with pytest.raises(ValidationError):
         TracingConfig(endpoint="collector:4317")  # a URL with its scheme
     assert TracingConfig(enabled=True, endpoint="http://otel:4317").sampling_ratio == 1.0
+
+
+def test_a_migrated_answer_says_so_on_its_request_span() -> None:
+    """A decode replica dying mid-answer: the request span carries the migration, once, with
+    what broke (router/pd/path.py annotate_migration); the answer is still whole."""
+    client, exporter, pools, _ = traced_edge(decode_replicas=("d0", "d1"))
+    pools.decode.die_after = {"d0": 2, "d1": 2}
+    r = client.post("/v1/chat/completions", json={**CHAT, "max_tokens": 6})
+    assert r.status_code == 200, r.text
+    assert r.json()["usage"]["completion_tokens"] == 6
+    spans = exporter.get_finished_spans()
+    (root,) = [s for s in spans if s.name == "POST /v1/chat/completions"]
+    # The continuation is hops of its own, in the same trace.
+    assert [s.name for s in spans].count("tandem.decode_hop") >= 2
+    assert {s.context.trace_id for s in spans} == {root.context.trace_id}
+    migrations = [e for e in root.events if e.name == "tandem.migration"]
+    assert migrations, [e.name for e in root.events]
+    first = migrations[0].attributes
+    assert first["tandem.migration.result"] == "continued" and first["tandem.migration.reason"] == "replica_died"
+    assert first["tandem.migration.tokens_sent"] >= 1 and first["tandem.migration.attempt"] == 1

@@ -21,13 +21,22 @@ So, per cut:
   token ids alone. One detokenizer step per token (~1 µs in DecodeStream) on the gateway, for
   that request only.
 
-Stop strings: both callers refuse the multi-character ones (they could span the cut); the
-detokenizer here checks the one-character ones as the engine's own does, so both agree.
+Stop strings after a cut: where the text is restated anyway, or a stop string of two or more
+characters could span the cut, they are the gateway's: `AnswerText` checks them all
+(`checks_stops`), the continuation is sent without them (`without_stop_strings`),
+and `restate` finds them as vLLM's output processor does, across the cut too (the detokenizer
+holds back the text a stop string may start with, and has the tokens before the cut): the output
+that completes one finishes the answer (finish_reason "stop", stop_reason the string, the text
+and tokens after it dropped), and the caller closes the continuation, which aborts it. The new
+engine must not check them itself: after an unclean cut its own text may hold the prompt's.
+First-token reuse still takes the plain path for stop strings of two or more characters
+(kv_transfer/first_token.py); one-character ones are checked here when its cut is unclean.
 """
 
 from __future__ import annotations
 
 import copy
+import dataclasses
 from dataclasses import replace
 from typing import Any, Optional, Sequence
 
@@ -62,26 +71,68 @@ class AnswerText:
                                  mm_features=None, sampling_params=request.sampling, pooling_params=None,
                                  arrival_time=0.0, lora_request=None, cache_salt=None, data_parallel_rank=None)
         self._detok = IncrementalDetokenizer.from_new_request(tokenizer, core)
+        self._checks_stops = bool(stop_strings(request.sampling))
+        self.stopped = False  # a stop string found here ended the answer: the caller closes its engine stream
         self._detok.update(list(sent), stop_terminated=False)
         self._detok.get_next_output_text(finished=False, delta=True)  # what the client already has
 
+    @property
+    def checks_stops(self) -> bool:
+        """Whether the request has stop strings, checked here (the continuation carries none)."""
+        return self._checks_stops
+
     def restate(self, output: Any) -> Any:
-        """`output` with the text this answer's own detokenizer gives its tokens."""
+        """`output` with the text this answer's own detokenizer gives its tokens; finished at
+        a stop string it completes (module docstring)."""
         sample = output.outputs[0]
         # vLLM's output processor excludes an EOS or stop token from the text (engine-side stop:
         # reason None or the token id); a stop *string* the detokenizer finds itself.
         engine_stop = sample.finish_reason == "stop" and not isinstance(sample.stop_reason, str)
-        self._detok.update(list(sample.token_ids), stop_terminated=engine_stop)
-        text = self._detok.get_next_output_text(finished=bool(output.finished), delta=True)
+        before = self._detok.num_output_tokens()
+        stop = self._detok.update(list(sample.token_ids), stop_terminated=engine_stop)
+        finished = bool(output.finished) or stop is not None
+        text = self._detok.get_next_output_text(finished=finished, delta=True)
         output = copy.copy(output)
-        output.outputs = [replace(sample, text=text), *output.outputs[1:]]
+        if stop is None:
+            output.outputs = [replace(sample, text=text), *output.outputs[1:]]
+            return output
+        kept = self._detok.num_output_tokens() - before  # tokens after the stop string's are dropped
+        logprobs = sample.logprobs[:kept] if sample.logprobs is not None else None
+        output.outputs = [replace(sample, text=text, token_ids=list(sample.token_ids)[:kept], logprobs=logprobs,
+                                  finish_reason="stop", stop_reason=stop), *output.outputs[1:]]
+        output.finished = True
+        self.stopped = True
         return output
+
+
+def stop_strings(sampling: Any) -> tuple[str, ...]:
+    """The request's stop strings (vLLM takes one string or a list)."""
+    stop = sampling.stop
+    return (stop,) if isinstance(stop, str) else tuple(stop or ())
 
 
 def text_after_cut(tokenizer: Any, request: EngineRequest, sent: Sequence[int],
                    last_output: Any) -> Optional[AnswerText]:
-    """What restates the continuing engine's text after a cut (None: its own text is exact,
-    or there is no text to restate: no tokenizer, or the request asked for none)."""
-    if tokenizer is None or not request.sampling.detokenize or clean_cut(last_output):
+    """What restates the continuing engine's text after a cut (None: its own text is exact and
+    no stop string can span the cut, or there is no text to restate: no tokenizer, or the
+    request asked for none)."""
+    if tokenizer is None or not request.sampling.detokenize:
+        return None
+    if clean_cut(last_output) and not spanning_stop_strings(request.sampling):
         return None
     return AnswerText(tokenizer, request, sent)
+
+
+def spanning_stop_strings(sampling: Any) -> bool:
+    """Stop strings of two or more characters: one may span a cut, so only the gateway, with
+    the tokens before it, can find it (a one-character one is found by the engine itself when
+    the cut is clean)."""
+    return any(len(s) > 1 for s in stop_strings(sampling))
+
+
+def without_stop_strings(request: EngineRequest) -> EngineRequest:
+    """The continuation as sent to its engine when the gateway checks the stop strings."""
+    sampling = request.sampling.clone()
+    sampling.stop = []
+    sampling.output_text_buffer_length = 0  # what vLLM derived from the stop strings
+    return dataclasses.replace(request, sampling=sampling)

@@ -21,10 +21,9 @@ What may migrate (`refusal` says why not; a refused request fails as before, cou
   budget: each reads the output tokens so far, and the sent ones are prompt on the new engine
   ("penalties", "bad_words", "engine_state"). Repetition penalty, top-k/p, min-p, logit bias,
   allowed tokens and stop token ids look at each step alone (or at prompt and output alike);
-- not stop strings of two or more characters: vLLM's engine checks them on the text it
-  detokenized itself and holds back their possible start from the stream, so a stop string
-  spanning the cut would be missed and the held-back text lost ("stop_strings"); one-character
-  stop strings cannot span it;
+- stop strings: the gateway checks them after the cut, on the whole answer's text, as vLLM's
+  output processor would (answer_text.py); the continuation carries none. Refused only where the
+  gateway has no tokenizer to check them with ("stop_strings": unit tests over fake pools);
 - not vLLM extra args (`vllm_xargs`) other than FakeEngine's test knobs (`fake_*`): they are
   what a custom logits processor reads, which may keep state ("extra_args");
 - at most `limit` times per request (kv_transfer.migration_limit; "limit", 0: off).
@@ -43,7 +42,7 @@ from typing import Any, Optional
 from cluster.protocol import EngineRequest
 from router.openai.errors import OpenAIError
 from router.path_metrics import MIGRATIONS
-from router.pd.answer_text import AnswerText, text_after_cut
+from router.pd.answer_text import AnswerText, spanning_stop_strings, text_after_cut, without_stop_strings
 
 REFUSALS = ("seeded_sampling", "structured_output", "penalties", "bad_words", "engine_state", "stop_strings",
             "extra_args", "limit", "nothing_left")
@@ -67,9 +66,6 @@ def refusal(sampling: Any) -> Optional[str]:
     if any(getattr(sampling, name, None) for name in ("watermarking", "repetition_detection",
                                                       "thinking_token_budget")):
         return "engine_state"
-    stop = [sampling.stop] if isinstance(sampling.stop, str) else sampling.stop or ()
-    if any(len(s) > 1 for s in stop):
-        return "stop_strings"
     extra = sampling.extra_args or {}
     if any(k not in _OWN_EXTRA_ARGS and not k.startswith("fake_") for k in extra):
         return "extra_args"
@@ -128,6 +124,12 @@ class Migration:
     outcome: Optional[tuple[str, str]] = None  # the last failure's (result, reason), as counted
 
     @property
+    def stopped_here(self) -> bool:
+        """A stop string the gateway found after a cut ended the answer (answer_text.py): the
+        continuation's engine, which checks none, must be closed."""
+        return self._text is not None and self._text.stopped
+
+    @property
     def current_id(self) -> str:
         return self.request.request_id if not self.attempts else f"{self.request.request_id}-m{self.attempts}"
 
@@ -160,7 +162,10 @@ class Migration:
         if isinstance(exc, OpenAIError) or not self.tokens or self.finished:
             return None
         tier = self.request.tier
-        reason = refusal(self.request.sampling)
+        sampling = self.request.sampling
+        reason = refusal(sampling)
+        if reason is None and spanning_stop_strings(sampling) and (self.tokenizer is None or not sampling.detokenize):
+            reason = "stop_strings"  # nothing here could check them across the cut
         if reason is None and self.attempts >= self.limit:
             reason = "limit"
         max_tokens = self.request.sampling.max_tokens
@@ -177,4 +182,5 @@ class Migration:
         self._running = set()
         self._offset = self._cumulative
         self._text = text_after_cut(self.tokenizer, self.request, self.tokens, self._last)
-        return continuation(self.request, self.tokens, self.attempts)
+        following = continuation(self.request, self.tokens, self.attempts)
+        return without_stop_strings(following) if self._text is not None and self._text.checks_stops else following

@@ -39,7 +39,7 @@ from cluster.protocol import EngineRequest, new_token_ids
 from cluster.types import TierPools
 from kv_transfer.first_token import FirstTokenOffset, continuation, reuse_blocker
 from router.path_metrics import FIRST_TOKEN, count_prefilled, count_route
-from router.pd.answer_text import text_after_cut
+from router.pd.answer_text import text_after_cut, without_stop_strings
 from router.pd.answers import DecodeStreams, WholeFailed
 from router.pd.hops import Hops
 from router.pd.migration import Migration
@@ -99,6 +99,8 @@ class DisaggregatedBackend:
                     async with contextlib.aclosing(attempt) as outputs:
                         async for output in outputs:
                             yield migration.sent(output)
+                            if migration.stopped_here:  # closing the attempt aborts its engine request
+                                break
             except Exception as exc:  # not the client leaving (GeneratorExit, CancelledError)
                 failure = exc
             if failure is None and migration.finished:
@@ -161,6 +163,8 @@ class DisaggregatedBackend:
             offset = FirstTokenOffset(first.outputs[0].cumulative_logprob)
             text = text_after_cut(self._tokenizer, request, new_token_ids(first), first)
             request = continuation(request, first)
+            if text is not None and text.checks_stops:
+                request = without_stop_strings(request)  # the gateway checks them (answer_text.py)
         elif prompt_logprobs is not None:
             request = without_prompt_logprobs(request)
         decode = None if decision is None else decision.decode
@@ -172,6 +176,8 @@ class DisaggregatedBackend:
                 if text is not None:
                     output = text.restate(output)
                 yield output if offset is None else offset.apply(output)
+                if text is not None and text.stopped:  # the gateway found a stop string: closing decode aborts it
+                    return
 
     async def _route(self, request: EngineRequest, exclude: Collection[str] = ()) -> Optional[RouteDecision]:
         if self._router is None:

@@ -51,6 +51,10 @@ class Engine:
 
     def output(self, token: int, finished: bool = False) -> RequestOutput:
         self.detok.update([token], stop_terminated=False)
+        return self.output_after_update(token, finished)
+
+    def output_after_update(self, token: int, finished: bool = False) -> RequestOutput:
+        """The DELTA output of a token this engine's detokenizer has just been given."""
         text = self.detok.get_next_output_text(finished=finished, delta=True)
         sample = CompletionOutput(index=0, text=text, token_ids=[token], cumulative_logprob=None,
                                   logprobs=None, finish_reason="length" if finished else None)
@@ -106,20 +110,21 @@ def test_a_cut_inside_a_character_is_not_clean_and_a_whole_character_is(tokenize
     assert not clean_cut(several)
 
 
+def until_stop(engine: Engine, tokens: list[int]) -> str:
+    """The engine's text up to its stop string (it finishes there)."""
+    text = ""
+    for t in tokens:
+        stop = engine.detok.update([t], stop_terminated=False)
+        text += engine.detok.get_next_output_text(finished=stop is not None, delta=True)
+        if stop is not None:
+            return text
+    raise AssertionError("no stop string")
+
+
 def test_a_stop_string_is_found_across_the_cut_as_the_engine_finds_it(tokenizer):
     prompt = tokenizer.encode("a b", add_special_tokens=False)
     tokens = tokenizer.encode("🤖 x. y", add_special_tokens=False)
     params = sampling(stop=["."])
-
-    def until_stop(engine: Engine, tokens: list[int]) -> str:
-        """The engine's text up to its stop string (it finishes there)."""
-        text = ""
-        for t in tokens:
-            stop = engine.detok.update([t], stop_terminated=False)
-            text += engine.detok.get_next_output_text(finished=stop is not None, delta=True)
-            if stop is not None:
-                return text
-        raise AssertionError("no stop string")
 
     uncut = until_stop(Engine(tokenizer, "r", prompt, params), tokens)
     cut = 1  # inside the emoji
@@ -155,3 +160,56 @@ def test_a_migrated_answer_keeps_its_text_step_by_step(tokenizer, monkeypatch):
         last = answer(tokenizer, list(following.prompt_token_ids), tokens[second:], params, "r-m2")
         client += "".join(migration.sent(o).outputs[0].text for o in last)
         assert migration.finished and client == uncut, (prompt, tokens, cut)
+
+
+@pytest.mark.parametrize("include", [False, True])
+def test_a_migrated_answer_stops_at_a_stop_string_that_spans_the_cut(tokenizer, monkeypatch, include):
+    """Every cut of an answer whose stop string is several tokens long: the continuation is
+    sent without stop strings, and the gateway finds the string across the cut, finishes the
+    answer there (finish_reason stop, the string as stop_reason) with one uncut engine's text."""
+    monkeypatch.setattr(migration_module, "MIGRATIONS", RecordingMetric())
+    prompt = tokenizer.encode("say it", add_special_tokens=False)
+    tokens = tokenizer.encode(" and so 🤖 the very END of it all", add_special_tokens=False)
+    params = sampling(stop=["very END"], include_stop_str_in_output=include)
+    uncut = until_stop(Engine(tokenizer, "r", prompt, params), tokens)
+    assert uncut.endswith("the very END" if include else "the ")
+    spanning = 0
+    for cut in range(1, len(tokens) - 1):
+        request = EngineRequest("r", tuple(prompt), params, tier="t")
+        migration = Migration(request, limit=1, tokenizer=tokenizer)
+        first = Engine(tokenizer, "r", prompt, params)
+        client, sent_text = "", ""
+        for t in tokens[:cut]:
+            if first.detok.update([t], stop_terminated=False) is not None:
+                break  # the first engine found it before the cut: no migration to test here
+            output = first.output_after_update(t)
+            client += migration.sent(output).outputs[0].text
+        else:
+            following = migration.failed(ActorDiedError())
+            assert following is not None and following.sampling.stop == []
+            spanning += "very END" in tokenizer.decode(tokens[:cut + 3]) and "very END" not in tokenizer.decode(tokens[:cut])
+            second = Engine(tokenizer, "r-m1", list(following.prompt_token_ids), following.sampling)
+            last = None
+            for t in tokens[cut:]:
+                last = migration.sent(second.output(t))
+                client += last.outputs[0].text
+                if migration.finished:
+                    assert migration.stopped_here  # the continuation's engine checks none: the gateway ended it
+                    break
+            assert last is not None and last.finished, cut
+            assert last.outputs[0].finish_reason == "stop" and last.outputs[0].stop_reason == "very END"
+            assert client == uncut, (cut, client, uncut)
+    assert spanning >= 2  # some cuts fell inside the stop string
+
+
+def test_without_a_tokenizer_a_stop_string_that_could_span_the_cut_is_refused(monkeypatch):
+    metric = RecordingMetric()
+    monkeypatch.setattr(migration_module, "MIGRATIONS", metric)
+    for stop, continued in ((["END"], False), (["."], True)):
+        migration = Migration(EngineRequest("r", (5, 6, 7), sampling(stop=stop), tier="t"), limit=1)
+        output = RequestOutput(request_id="r", prompt=None, prompt_token_ids=[5, 6, 7], prompt_logprobs=None,
+                               outputs=[CompletionOutput(index=0, text="x", token_ids=[9], cumulative_logprob=None,
+                                                         logprobs=None)], finished=False)
+        migration.sent(output)
+        assert (migration.failed(ActorDiedError()) is not None) == continued
+    assert [labels["reason"] for labels, kind, _ in metric.calls if kind == "inc"] == ["stop_strings", "replica_died"]

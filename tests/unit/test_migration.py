@@ -52,6 +52,7 @@ def request(rid: str = "r", **sampling) -> EngineRequest:
     {"temperature": 0, "repetition_penalty": 1.2}, {"temperature": 0, "stop": ["\n"]},
     {"temperature": 0, "logit_bias": {7: 2.0}}, {"temperature": 0, "extra_args": {"fake_token_s": 0.1}},
     {"temperature": 0, "stop_token_ids": [9]}, {"temperature": 0, "min_tokens": 4},
+    {"temperature": 0, "stop": ["END"]},  # the gateway checks it across the cut (test_answer_text.py)
 ])
 def test_greedy_and_unseeded_sampling_may_migrate(sampling):
     assert refusal(SamplingParams(**sampling)) is None
@@ -63,8 +64,6 @@ def test_greedy_and_unseeded_sampling_may_migrate(sampling):
     ({"temperature": 0, "presence_penalty": 0.5}, "penalties"),
     ({"temperature": 0, "frequency_penalty": 0.5}, "penalties"),
     ({"temperature": 0, "bad_words": ["no way"]}, "bad_words"),
-    ({"temperature": 0, "stop": ["END"]}, "stop_strings"),
-    ({"temperature": 0, "stop": ["END"], "include_stop_str_in_output": True}, "stop_strings"),
     ({"temperature": 0, "extra_args": {"my_logits_processor": 1}}, "extra_args"),
 ])
 def test_what_the_engine_holds_state_for_is_refused_with_its_reason(sampling, reason):

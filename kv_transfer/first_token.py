@@ -57,11 +57,17 @@ def reuse_blocker(sampling: Any) -> Optional[str]:
         return "penalties"
     if sampling.seed is not None and sampling.temperature > 0:
         return "seeded_sampling"
-    if any(len(stop) > 1 for stop in sampling.stop or ()):
+    if spanning_stop_strings(sampling):
         return "stop_strings"
     if sampling.bad_words:
         return "bad_words"  # a banned sequence spanning token 1 and 2 would not be seen by decode
     return None
+
+
+def spanning_stop_strings(sampling: Any) -> bool:
+    """Stop strings of two or more characters (vLLM's SamplingParams holds them as a list): one
+    may span a cut between two engines, where neither engine's own check can find it."""
+    return any(len(stop) > 1 for stop in sampling.stop)
 
 
 def continuation(request: EngineRequest, first: Any) -> EngineRequest:

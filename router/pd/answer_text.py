@@ -44,6 +44,7 @@ from vllm.v1.engine import EngineCoreRequest
 from vllm.v1.engine.detokenizer import IncrementalDetokenizer
 
 from cluster.protocol import EngineRequest
+from kv_transfer.first_token import spanning_stop_strings
 
 _INCOMPLETE = "\ufffd"  # what a detokenizer shows for bytes that are not (yet) whole UTF-8
 
@@ -71,15 +72,11 @@ class AnswerText:
                                  mm_features=None, sampling_params=request.sampling, pooling_params=None,
                                  arrival_time=0.0, lora_request=None, cache_salt=None, data_parallel_rank=None)
         self._detok = IncrementalDetokenizer.from_new_request(tokenizer, core)
-        self._checks_stops = bool(stop_strings(request.sampling))
+        # Whether the request has stop strings, checked here (the continuation carries none).
+        self.checks_stops = bool(request.sampling.stop)
         self.stopped = False  # a stop string found here ended the answer: the caller closes its engine stream
         self._detok.update(list(sent), stop_terminated=False)
         self._detok.get_next_output_text(finished=False, delta=True)  # what the client already has
-
-    @property
-    def checks_stops(self) -> bool:
-        """Whether the request has stop strings, checked here (the continuation carries none)."""
-        return self._checks_stops
 
     def restate(self, output: Any) -> Any:
         """`output` with the text this answer's own detokenizer gives its tokens; finished at
@@ -105,12 +102,6 @@ class AnswerText:
         return output
 
 
-def stop_strings(sampling: Any) -> tuple[str, ...]:
-    """The request's stop strings (vLLM takes one string or a list)."""
-    stop = sampling.stop
-    return (stop,) if isinstance(stop, str) else tuple(stop or ())
-
-
 def text_after_cut(tokenizer: Any, request: EngineRequest, sent: Sequence[int],
                    last_output: Any) -> Optional[AnswerText]:
     """What restates the continuing engine's text after a cut (None: its own text is exact and
@@ -121,13 +112,6 @@ def text_after_cut(tokenizer: Any, request: EngineRequest, sent: Sequence[int],
     if clean_cut(last_output) and not spanning_stop_strings(request.sampling):
         return None
     return AnswerText(tokenizer, request, sent)
-
-
-def spanning_stop_strings(sampling: Any) -> bool:
-    """Stop strings of two or more characters: one may span a cut, so only the gateway, with
-    the tokens before it, can find it (a one-character one is found by the engine itself when
-    the cut is clean)."""
-    return any(len(s) > 1 for s in stop_strings(sampling))
 
 
 def without_stop_strings(request: EngineRequest) -> EngineRequest:

@@ -42,7 +42,8 @@ from typing import Any, Optional
 from cluster.protocol import EngineRequest
 from router.openai.errors import OpenAIError
 from router.path_metrics import MIGRATIONS
-from router.pd.answer_text import AnswerText, spanning_stop_strings, text_after_cut, without_stop_strings
+from kv_transfer.first_token import spanning_stop_strings
+from router.pd.answer_text import AnswerText, text_after_cut, without_stop_strings
 
 REFUSALS = ("seeded_sampling", "structured_output", "penalties", "bad_words", "engine_state", "stop_strings",
             "extra_args", "limit", "nothing_left")
@@ -121,7 +122,7 @@ class Migration:
     _offset: Optional[float] = None  # added to the current attempt's cumulative logprobs
     _last: Any = None  # the last output sent
     _text: Optional[AnswerText] = None  # the current attempt's text, where its engine's is not exact
-    outcome: Optional[tuple[str, str]] = None  # the last failure's (result, reason), as counted
+    outcome: Optional[tuple[str, str]] = None  # the last `failed` call's (result, reason), as counted; None: not counted
 
     @property
     def stopped_here(self) -> bool:
@@ -159,6 +160,7 @@ class Migration:
         """The continuation after the current attempt broke (`exc`; None: it ended unfinished),
         counted; None where it may not continue (nothing sent yet: the failure is the request's,
         as before migration existed; a client error; or a refusal, counted with its reason)."""
+        self.outcome = None
         if isinstance(exc, OpenAIError) or not self.tokens or self.finished:
             return None
         tier = self.request.tier

@@ -105,7 +105,6 @@ class DisaggregatedBackend:
                 failure = exc
             if failure is None and migration.finished:
                 return
-            migration.outcome = None
             following = migration.failed(failure)
             if migration.outcome is not None:
                 annotate_migration(*migration.outcome, tokens_sent=len(migration.tokens), attempt=migration.attempts)

@@ -19,8 +19,7 @@ import pytest
 
 from cluster.engine.fake import fake_tokens
 from tests.support.closed_loop import running_replicas, wait_for
-from tests.support.integration_cluster import metric
-from tests.support.serve_graph import DECODE_REPLICAS, MODEL_NAME, replica_stats
+from tests.support.serve_graph import DECODE_REPLICAS, MODEL_NAME, migrations_continued, replica_stats
 
 DECODE = "interactive-decode"
 TOKEN_S = 0.05
@@ -71,13 +70,6 @@ def _set_decode_replicas(n: int) -> None:
     ray.get(controller.update_deployment_replicas.remote(DeploymentID(name=DECODE, app_name=APP_NAME), n))
 
 
-def _stopping(deployment: str) -> int:
-    from ray import serve
-
-    states = serve.status().applications["tandem"].deployments[deployment].replica_states
-    return sum(n for state, n in states.items() if getattr(state, "value", state) == "STOPPING")
-
-
 def _running_on_each_replica() -> dict[str, float]:
     return {worker: stats.requests_running for worker, stats in replica_stats("decode", DECODE_REPLICAS).items()}
 
@@ -85,9 +77,7 @@ def _running_on_each_replica() -> dict[str, float]:
 @pytest.mark.usefixtures("drains_decode")
 def test_a_removed_decode_replica_finishes_its_streams_before_it_stops(graph):
     wait_for("both decode replicas running", lambda: running_replicas(DECODE) == DECODE_REPLICAS, 120)
-    migrated_before = metric("ray_tandem_migrations_total",
-                             httpx.get(f"http://127.0.0.1:{graph.cfg.ray.metrics_export_port}/metrics", timeout=30).text,
-                             result="continued")
+    migrated_before = migrations_continued(graph)
     streams: list[Stream] = []
     # Streams until both replicas have one: the one Serve removes must be draining something.
     while len(streams) < MAX_STREAMS:
@@ -102,11 +92,11 @@ def test_a_removed_decode_replica_finishes_its_streams_before_it_stops(graph):
 
     scaled_at = time.monotonic()
     _set_decode_replicas(DECODE_REPLICAS - 1)
-    wait_for("Serve stopping one decode replica", lambda: _stopping(DECODE) >= 1, 10, 0.1)
+    wait_for("Serve stopping one decode replica", lambda: running_replicas(DECODE, state="STOPPING") >= 1, 10, 0.1)
     for s in streams:
         s.join(timeout=60)
     ended_at = max(s.times[-1] for s in streams if s.times)
-    wait_for("the removed replica gone", lambda: _stopping(DECODE) == 0, 60, 0.2)
+    wait_for("the removed replica gone", lambda: running_replicas(DECODE, state="STOPPING") == 0, 60, 0.2)
     gone_at = time.monotonic()
 
     for s in streams:
@@ -114,8 +104,7 @@ def test_a_removed_decode_replica_finishes_its_streams_before_it_stops(graph):
         assert not s.is_alive() and s.error is None, s.error
         assert s.texts == expected and s.finish == "length"
     gaps = [b - a for s in streams for a, b in zip(s.times, s.times[1:])]
-    text = httpx.get(f"http://127.0.0.1:{graph.cfg.ray.metrics_export_port}/metrics", timeout=30).text
-    assert metric("ray_tandem_migrations_total", text, result="continued") == migrated_before, \
+    assert migrations_continued(graph) == migrated_before, \
         "a stream was cut and continued elsewhere: the removed replica did not drain"
     assert gone_at >= ended_at - 0.5  # it stopped after its streams, not before
     print(f"\n[drain] {len(streams)} streams on {running}; scaled down 2 → 1: every stream whole, "

@@ -18,8 +18,7 @@ import pytest
 
 from cluster.engine.fake import fake_tokens
 from tests.support.closed_loop import running_replicas, wait_for
-from tests.support.integration_cluster import metric
-from tests.support.serve_graph import DECODE_REPLICAS, MODEL_NAME
+from tests.support.serve_graph import DECODE_REPLICAS, MODEL_NAME, migrations_continued
 
 PROMPT = [17, 42, 99, 7, 250, 31, 64, 12, 88, 140, 23, 5, 77, 190, 46, 61, 33]
 MAX_TOKENS = 24
@@ -50,19 +49,14 @@ def _stream(graph, **xargs) -> tuple[list[str], list[float], dict, str]:
     return texts, times, usage, finish
 
 
-def _migrations(graph) -> float:
-    """Answers continued, whatever broke their stream: the replica's death reaches the gateway as
-    the run call's ActorDiedError or as its step stream's loss, whichever comes first."""
-    text = httpx.get(f"http://127.0.0.1:{graph.cfg.ray.metrics_export_port}/metrics", timeout=30).text
-    return metric("ray_tandem_migrations_total", text, result="continued")
-
-
 @pytest.mark.usefixtures("replaces_decode")
 def test_a_decode_replica_killed_mid_answer_costs_latency_not_the_answer(graph):
     expected = [f"{t} " for t in fake_tokens(PROMPT, MAX_TOKENS, graph.vocab_size)]
     texts, _, usage, finish = _stream(graph)  # uninterrupted
     assert texts == expected and finish == "length"
-    counted_before = _migrations(graph)
+    # Whatever broke the stream counts: the replica's death reaches the gateway as the run call's
+    # ActorDiedError or as its step stream's loss, whichever comes first.
+    counted_before = migrations_continued(graph)
     gaps = []
     for kill in range(KILLS):
         wait_for("both decode replicas running", lambda: running_replicas(DECODE) == DECODE_REPLICAS, 120)
@@ -73,8 +67,8 @@ def test_a_decode_replica_killed_mid_answer_costs_latency_not_the_answer(graph):
         assert usage["completion_tokens"] == MAX_TOKENS and usage["prompt_tokens"] == len(PROMPT)
         # The replica died one step after its last token (the knob): from then to the next token.
         gaps.append(max(b - a for a, b in zip(times, times[1:])) - TOKEN_S)
-    wait_for("every migration counted", lambda: _migrations(graph) - counted_before >= KILLS, 60, every_s=1)
-    assert _migrations(graph) - counted_before == KILLS
+    wait_for("every migration counted", lambda: migrations_continued(graph) - counted_before >= KILLS, 60, every_s=1)
+    assert migrations_continued(graph) - counted_before == KILLS
     print(f"\n[migration] kill → next token over {KILLS} kills: p50 {statistics.median(gaps) * 1000:.0f} ms, "
           f"max {max(gaps) * 1000:.0f} ms, each {[round(g * 1000) for g in gaps]} ms (token every {TOKEN_S * 1000:.0f} ms); recomputed per migration: "
           f"the prompt + {DIE_AFTER + 1} tokens sent ({len(PROMPT) + DIE_AFTER + 1} tokens)")

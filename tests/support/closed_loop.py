@@ -55,8 +55,9 @@ def wait_for(what: str, condition: Callable[[], object], timeout_s: float, every
     raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what}")
 
 
-def running_replicas(deployment: str, app: str = "tandem") -> int:
+def running_replicas(deployment: str, app: str = "tandem", state: str = "RUNNING") -> int:
+    """Replicas of `deployment` in Serve's replica `state` (RUNNING, STOPPING, ...)."""
     from ray import serve
 
     status = serve.status().applications[app].deployments[deployment]
-    return sum(n for state, n in status.replica_states.items() if getattr(state, "value", state) == "RUNNING")
+    return sum(n for s, n in status.replica_states.items() if getattr(s, "value", s) == state)

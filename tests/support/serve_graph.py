@@ -59,6 +59,17 @@ class ServeGraph:
     vocab_size: int
 
 
+def migrations_continued(graph: ServeGraph) -> float:
+    """Answers continued after their stream broke (tandem_migrations_total, result continued),
+    read from the graph's Ray metrics port."""
+    import httpx
+
+    from tests.support.integration_cluster import metric
+
+    text = httpx.get(f"http://127.0.0.1:{graph.cfg.ray.metrics_export_port}/metrics", timeout=30).text
+    return metric("ray_tandem_migrations_total", text, result="continued")
+
+
 
 def replica_stats(pool: str, replicas: int) -> dict:
     """{worker_id: FakeEngineStats} of every replica of a pool ("prefill", "decode"): a handle

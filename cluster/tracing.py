@@ -22,8 +22,9 @@ import contextlib
 import dataclasses
 import os
 import threading
+import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, Optional
+from typing import TYPE_CHECKING, Any, AsyncIterator, Callable, Iterator, Mapping, Optional
 
 if TYPE_CHECKING:
     from opentelemetry.context import Context
@@ -216,3 +217,23 @@ def joined(request: Any, span: Optional["Span"]) -> Any:
     """`request` with `span`'s traceparent (what vLLM's own engine spans join), or as it was."""
     traceparent = None if span is None else Tracing.traceparent(span)
     return request if traceparent is None else dataclasses.replace(request, traceparent=traceparent)
+
+
+FIRST_OUTPUT = "tandem.first_output_s"
+
+
+def timed_first_output(stream: AsyncIterator[Any], span: Optional["Span"]) -> AsyncIterator[Any]:
+    """`stream`, with the seconds to its first item on `span` (FIRST_OUTPUT): on a decode replica,
+    the KV pull (or the prompt's recompute) and the first step. `stream` itself when `span` is None,
+    so an untraced request pays nothing."""
+    return stream if span is None else _timed(stream, span)
+
+
+async def _timed(stream: AsyncIterator[Any], span: "Span") -> AsyncIterator[Any]:
+    started, first = time.monotonic(), True
+    async with contextlib.aclosing(stream):  # closed early, the engine stream aborts its request
+        async for item in stream:
+            if first:
+                span.set_attribute(FIRST_OUTPUT, round(time.monotonic() - started, 6))
+                first = False
+            yield item

@@ -15,7 +15,7 @@ from cluster.coalesce import coalesced
 from cluster.engine.replica import EngineFactory, EngineReplica, build_engine_spec
 from cluster.serve_patch import bind_replica_grpc_on_node_address
 from cluster.protocol import EngineRequest
-from cluster.tracing import joined, replica_span, replica_tracing
+from cluster.tracing import joined, replica_span, replica_tracing, timed_first_output
 from cluster.metrics import Counter
 from cluster.engine.outbox import Outboxes, WrongReplica
 from kv_transfer.handoff import Handoff, HandoffExpired, HandoffMismatch
@@ -67,7 +67,10 @@ class DecodeWorker(EngineReplica):
         attributes = super().span_attributes(request)
         attributes["tandem.kv.pull"] = params is not None
         if params is not None:
-            attributes["tandem.kv.blocks"] = len(params.get("remote_block_ids") or ())
+            blocks = len(params.get("remote_block_ids") or ())
+            attributes["tandem.kv.blocks"] = blocks
+            if self.info.kv_block_bytes is not None:
+                attributes["tandem.kv.bytes"] = blocks * self.info.kv_block_bytes
         else:
             attributes["tandem.kv.recompute"] = "no_handoff" if handoff is None else "handoff_refused"
         return attributes
@@ -77,7 +80,8 @@ class DecodeWorker(EngineReplica):
         with replica_span(self.tracing, "tandem.decode", request,
                           lambda: self.span_attributes(request, handoff, params)) as span:
             # Tokens that pile up while the gateway is busy go out as one Ray item (cluster/coalesce.py).
-            async for chunk in coalesced(self.engine.generate(joined(request, span), params), self.engine.merge_outputs):
+            stream = self.engine.generate(joined(request, span), params)
+            async for chunk in coalesced(timed_first_output(stream, span), self.engine.merge_outputs):
                 yield chunk
 
     async def run(self, request: EngineRequest, handoff: Optional[Handoff], gateway: str,
@@ -95,7 +99,7 @@ class DecodeWorker(EngineReplica):
                           lambda: self.span_attributes(request, handoff, params)) as span:
             try:
                 yield self.info.worker_id
-                async for output in self.engine.generate(joined(request, span), params):
+                async for output in timed_first_output(self.engine.generate(joined(request, span), params), span):
                     box.put(stream_id, output)
             except Exception as exc:
                 error = exc

@@ -43,8 +43,9 @@ class TracingConfig(_Strict):
                     "(one span per line, OpenTelemetry's JSON form).")
     engine_spans: bool = Field(
         False, description="With exporter otlp: pass `endpoint` to every vLLM engine as `otlp_traces_endpoint`, "
-                           "its spans (queue, prefill, decode times) parented under the replica's span. vLLM's "
-                           "exporter reads the OTEL_* environment (e.g. OTEL_EXPORTER_OTLP_TRACES_PROTOCOL).")
+                           "its spans (`llm_request`: queue, prefill, decode times) parented under the replica's span, with "
+                           "`protocol` and the service name `<prefix>-engine`. Needs exporter otlp; with grpc, "
+                           "insecure (vLLM's gRPC exporter has no TLS).")
 
     @model_validator(mode="after")
     def _check_destination(self) -> "TracingConfig":
@@ -52,6 +53,12 @@ class TracingConfig(_Strict):
             raise ValueError("observability.tracing.endpoint: set the OTLP receiver (or exporter: file)")
         if self.enabled and self.exporter == "file" and not self.file_dir:
             raise ValueError("observability.tracing.file_dir: set the folder spans are written to")
+        if self.enabled and self.engine_spans and self.exporter != "otlp":
+            raise ValueError("observability.tracing.engine_spans: vLLM exports its spans over OTLP only; "
+                             "set exporter: otlp and an endpoint, or engine_spans: false")
+        if self.enabled and self.engine_spans and self.protocol == "grpc" and not self.insecure:
+            raise ValueError("observability.tracing.engine_spans: vLLM's gRPC exporter connects without TLS only; "
+                             "use protocol: http with an https:// endpoint, or insecure: true")
         return self
 
 

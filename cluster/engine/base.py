@@ -82,9 +82,19 @@ class EngineSpec:
     # The pool the engine serves: its `vllm:*` metrics go out through Ray labelled with it
     # (vllm_ray_metrics.py). None outside a cluster (tests, benchmarks): vLLM's registry only.
     pool: Optional[PoolId] = None
-    # observability.tracing.engine_spans: vLLM's own OTLP exporter (`otlp_traces_endpoint`); its
-    # request spans join the replica's (trace_headers). None: vLLM traces nothing.
-    otlp_traces_endpoint: Optional[str] = None
+    # observability.tracing.engine_spans: vLLM's own OTLP exporter; its request spans join the
+    # replica's (trace_headers). None: vLLM traces nothing.
+    tracing: Optional["EngineTracing"] = None
+
+
+@dataclass(frozen=True)
+class EngineTracing:
+    """Where vLLM's own spans go (observability.tracing with engine_spans): vLLM reads the endpoint
+    as an engine argument and the rest from the OTEL_* environment (vllm.py engine_environment)."""
+
+    endpoint: str
+    protocol: str  # "grpc" | "http", as observability.tracing.protocol
+    service_name: str  # `<prefix>-engine`
 
 
 @dataclass(frozen=True)
@@ -109,6 +119,9 @@ class EngineInfo:
     # What a KV handoff between two engines must agree on (kv_transfer/handoff.py).
     identity: EngineIdentity
     kv_events: Optional[KVEventsEndpoint] = None
+    # The model's KV of one block (K and V, every layer, every KV head): what pulling one block
+    # moves. None where unknown (FakeEngine; vLLM's MLA and hybrid layouts).
+    kv_block_bytes: Optional[int] = None
 
 
 def cache_identity(spec: EngineSpec, block_size: int) -> EngineIdentity:

@@ -21,7 +21,7 @@ from typing import Any, Callable, Optional
 
 from cluster.autoscaling.signals import ReplicaSignals
 from cluster.config import ClusterConfig
-from cluster.engine.base import Engine, EngineInfo, EngineSpec
+from cluster.engine.base import Engine, EngineInfo, EngineSpec, EngineTracing
 from cluster.engine.metrics import ITL_COUNT, ITL_SUM, EngineMetricsExporter, EngineStats
 from cluster.engine.metrics import engine_stats as engine_stats_of
 from cluster.hardware import cpu_flags, engine_dtype, has_nvidia_gpu
@@ -65,10 +65,11 @@ def replica_rank_and_id() -> tuple[int, str]:
         return 0, socket.gethostname()
 
 
-def engine_traces_endpoint(tracing) -> Optional[str]:
+def engine_tracing(tracing) -> Optional[EngineTracing]:
     """Where vLLM's own engine spans go (observability.tracing.engine_spans), or None."""
-    on = tracing.enabled and tracing.engine_spans and tracing.exporter == "otlp"
-    return tracing.endpoint if on else None
+    if not (tracing.enabled and tracing.engine_spans and tracing.exporter == "otlp"):
+        return None
+    return EngineTracing(tracing.endpoint, tracing.protocol, f"{tracing.service_name_prefix}-engine")
 
 
 def build_engine_spec(cfg: ClusterConfig, tier: str, role: KVRole) -> EngineSpec:
@@ -97,7 +98,7 @@ def build_engine_spec(cfg: ClusterConfig, tier: str, role: KVRole) -> EngineSpec
         reasoning_parser=cfg.model.reasoning_parser,
         config_key=f"tiers.{tier}.{pool_name}.engine",
         pool=PoolId(tier, pool_name),
-        otlp_traces_endpoint=engine_traces_endpoint(cfg.observability.tracing),
+        tracing=engine_tracing(cfg.observability.tracing),
     )
 
 

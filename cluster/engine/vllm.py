@@ -34,6 +34,13 @@ log = logging.getLogger(__name__)
 # BlockStored events carry every prompt's token ids, so they must stay on the cluster address.
 _BIND_ON_NODE_IP = "tcp://*:0"
 
+# observability.tracing.protocol → the OTEL_EXPORTER_OTLP_TRACES_PROTOCOL vLLM's exporter reads.
+OTLP_PROTOCOLS = {"grpc": "grpc", "http": "http/protobuf"}
+# The parent of an untraced request's engine spans: valid but not sampled, so vLLM's tracer
+# (ParentBased, always on) drops them. Without any parent vLLM would start a trace of its own
+# for every request the gateway chose not to trace.
+UNSAMPLED_PARENT = {"traceparent": f"00-{1:032x}-{1:016x}-00"}
+
 
 def engine_environment(spec: EngineSpec) -> dict[str, str]:
     env = {
@@ -55,7 +62,27 @@ def engine_environment(spec: EngineSpec) -> dict[str, str]:
     if spec.kv_events_host is not None:
         # The address vLLM binds `tcp://*:0` on (its get_ip()); otherwise the default route's.
         env["VLLM_HOST_IP"] = spec.kv_events_host
+    if spec.tracing is not None:
+        # vLLM's exporter takes its protocol and its spans' service name from the environment
+        # only (vllm/tracing/otel.py get_span_exporter; the SDK's resource detector). The
+        # replica's own tracer names its service explicitly, so this does not rename it.
+        env["OTEL_EXPORTER_OTLP_TRACES_PROTOCOL"] = OTLP_PROTOCOLS[spec.tracing.protocol]
+        env["OTEL_SERVICE_NAME"] = spec.tracing.service_name
     return env
+
+
+def kv_block_bytes(vllm_config: Any) -> Optional[int]:
+    """Bytes of one KV block of the model: K and V of every layer and KV head (what a NIXL pull of
+    a block moves, all tensor-parallel ranks together). None for layouts this does not describe:
+    MLA (one latent per token) and hybrid models (state besides attention)."""
+    from vllm.utils.torch_utils import kv_cache_dtype_str_to_dtype
+
+    model, cache = vllm_config.model_config, vllm_config.cache_config
+    if model.use_mla or model.is_hybrid:
+        return None
+    itemsize = kv_cache_dtype_str_to_dtype(cache.cache_dtype, model).itemsize
+    return (2 * model.get_total_num_hidden_layers() * model.get_total_num_kv_heads() * model.get_head_size()
+            * cache.block_size * itemsize)
 
 
 def structured_outputs_config(eng: EngineConfig, reasoning_parser: Optional[str] = None) -> dict[str, Any]:
@@ -73,8 +100,8 @@ def engine_args(spec: EngineSpec) -> Any:
     from vllm.engine.arg_utils import AsyncEngineArgs
 
     given = parse_engine_args(spec.engine.vllm_args(), spec.config_key)
-    if spec.otlp_traces_endpoint is not None and "otlp_traces_endpoint" not in given:
-        given["otlp_traces_endpoint"] = spec.otlp_traces_endpoint  # observability.tracing.engine_spans
+    if spec.tracing is not None and "otlp_traces_endpoint" not in given:
+        given["otlp_traces_endpoint"] = spec.tracing.endpoint  # observability.tracing.engine_spans
     return AsyncEngineArgs(
         **given,
         model=str(spec.model_path),
@@ -151,11 +178,17 @@ def engine_failure(request_id: str, exc: BaseException) -> Exception:
 
 
 class VLLMEngine(Engine):
+    # Trace headers of a request the gateway does not trace (set with engine spans on; vLLM warns
+    # at headers it cannot use).
+    _untraced: Optional[dict[str, str]] = None
+
     def __init__(self, spec: EngineSpec):
         super().__init__(spec)
         self._llm: Any = None
         self._closed = False
         self.info: Optional[EngineInfo] = None
+        if spec.tracing is not None:
+            self._untraced = UNSAMPLED_PARENT
 
     def start(self) -> EngineInfo:
         spec = self.spec
@@ -171,7 +204,8 @@ class VLLMEngine(Engine):
                 kv_events = bound_kv_events(self._llm.get_kv_event_sources(), spec.kv_events_host)
             cache = self._cache_layout()
             self.info = EngineInfo(worker_id=spec.worker_id, kv_role=spec.kv_role, cache=cache,
-                                   identity=cache_identity(spec, cache.block_size), kv_events=kv_events)
+                                   identity=cache_identity(spec, cache.block_size), kv_events=kv_events,
+                                   kv_block_bytes=kv_block_bytes(self._llm.vllm_config))
         except Exception:
             self.shutdown()
             raise
@@ -234,7 +268,7 @@ class VLLMEngine(Engine):
 
         try:
             # A traced request's replica span is the parent of vLLM's own spans (engine_spans).
-            headers = {"traceparent": request.traceparent} if request.traceparent else None
+            headers = {"traceparent": request.traceparent} if request.traceparent else self._untraced
             async for output in self._llm.generate(
                 _prompt(request), params, request.request_id, trace_headers=headers
             ):

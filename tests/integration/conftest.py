@@ -19,8 +19,9 @@ import pytest
 
 from tests.conftest import TEST_STATE
 from tests.support.direct_vllm import direct_vllm_url  # noqa: F401  (vLLM reference server, issue 15)
-from tests.support.integration_cluster import (NODE_RESOURCES, METRICS_PORTS, RAY_PORT, RAY_TOKEN,
+from tests.support.integration_cluster import (NODE_RESOURCES, METRICS_PORTS, OTLP_PORT, RAY_PORT, RAY_TOKEN,
                                                DASHBOARD_AGENT_PORT_WORKER, integration_config, ray_cli)
+from tests.support.otlp_receiver import OtlpReceiver
 
 HERE = Path(__file__).resolve().parent
 # The cluster survives the first (Serve replaces the killed replicas); the second leaves the
@@ -64,7 +65,15 @@ def ray_address():
 
 
 @pytest.fixture(scope="session")
-def cluster(tiny_model_dir, ray_address):
+def otlp_receiver():
+    """Where the cluster's processes and engines send their spans; up before the cluster starts."""
+    receiver = OtlpReceiver(OTLP_PORT).start()
+    yield receiver
+    receiver.stop()
+
+
+@pytest.fixture(scope="session")
+def cluster(tiny_model_dir, ray_address, otlp_receiver):
     from cluster.local import LocalCluster
 
     local = LocalCluster(integration_config(tiny_model_dir, ray_address), cache_dir=TEST_STATE / "cache",

@@ -9,6 +9,7 @@ import httpx
 import psutil
 import pytest
 
+from tests.integration.test_tracing import traced_headers
 from tests.support.integration_cluster import MODEL_NAME, metric, wait_for_metric
 
 pytestmark = pytest.mark.timeout(1500)
@@ -49,7 +50,7 @@ def _alive(proc: psutil.Process) -> bool:
 
 
 @pytest.mark.usefixtures("removes_prefill")
-def test_requests_complete_while_prefill_is_down_and_after_it_returns(base_url):
+def test_requests_complete_while_prefill_is_down_and_after_it_returns(base_url, otlp_receiver):
     baseline = httpx.post(f"{base_url}/v1/completions", json=BODY, timeout=120)
     assert baseline.status_code == 200
     expected = baseline.json()["choices"][0]["text"]
@@ -58,11 +59,21 @@ def test_requests_complete_while_prefill_is_down_and_after_it_returns(base_url):
     engine_processes = _prefill_engine_processes()
     assert engine_processes, "expected vLLM child processes under the prefill replicas"
     assert _kill_prefill_replicas() == 2  # both interactive prefill replicas (conftest)
-    for _ in range(3):
-        resp = httpx.post(f"{base_url}/v1/completions", json=BODY, timeout=120)
+    trace_id, _, traced = traced_headers()  # the last of the three: a fallback-recompute's trace
+    for i in range(3):
+        resp = httpx.post(f"{base_url}/v1/completions", json=BODY, timeout=120, headers=traced if i == 2 else None)
         assert resp.status_code == 200, resp.text
         assert resp.json()["choices"][0]["text"] == expected  # recomputed, same greedy output
     wait_for_metric("ray_tandem_route_total", fallbacks_before + 3, path="fallback_recompute")
+    # Its trace: the prefill hop failed, decode computed the prompt, vLLM's span under decode's.
+    spans = otlp_receiver.trace(trace_id, {"tandem.prefill_hop": 1, "tandem.decode_hop": 1, "tandem.decode": 1,
+                                           "llm_request": 1})
+    assert spans["tandem.prefill_hop"][0].attributes["tandem.prefill.failed"], spans
+    assert spans["tandem.decode_hop"][0].attributes["tandem.route"] == "fallback_recompute"
+    decode = spans["tandem.decode"][0]
+    assert decode.attributes["tandem.kv.pull"] is False and decode.attributes["tandem.kv.recompute"] == "no_handoff"
+    assert [span.parent_id for span in spans["llm_request"]] == [decode.span_id]
+    assert "tandem.prefill" not in spans  # no prefill replica was reached
 
     # A SIGKILLed replica cannot shut its engine down; its vLLM children must not outlive it.
     deadline = time.monotonic() + 60

@@ -23,6 +23,10 @@ METRICS_PORTS = {"head": 8766, "worker": 8767}
 # Each node's own custom resource; a pool asks for 1 per replica (placement.resources).
 NODE_RESOURCES = {"head": {"node_prefill": 8}, "worker": {"node_decode": 8}}
 DASHBOARD_AGENT_PORT_WORKER = 52366  # the head's is Ray's default, 52365
+# The session's OTLP/HTTP trace receiver (tests/support/otlp_receiver.py): every process and
+# every vLLM engine exports there, sampling 0, so only a request that sends a sampled
+# traceparent is traced (tests/integration/test_tracing.py) and the rest run untraced.
+OTLP_PORT = 8768
 RAY_TOKEN = TEST_STATE / "ray_auth_token"  # Ray's token auth is on, as for `tandem run`
 # `ray start` for the worker node, on loopback like the head: Ray refuses a worker node while
 # RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 (which keeps 127.0.0.1 as the node address), and with it
@@ -107,6 +111,8 @@ def integration_config(model_dir: Path, ray_address: str | None = None):
             # (tests/unit/test_decider*.py).
             "routing": {"disaggregation": "always"},
             "ray": {"address": ray_address} if ray_address else {"num_cpus": 2},
+            "observability": {"tracing": {"enabled": True, "endpoint": f"http://127.0.0.1:{OTLP_PORT}/v1/traces",
+                                          "protocol": "http", "sampling_ratio": 0.0, "engine_spans": True}},
         }
     )
 

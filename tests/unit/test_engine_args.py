@@ -151,15 +151,47 @@ def test_cli_args_are_vllm_flags():
 
 
 def test_engine_spans_pass_the_otlp_endpoint_to_vllm_unless_the_pool_sets_its_own():
-    """observability.tracing.engine_spans (cluster/engine/replica.py engine_traces_endpoint)."""
+    """observability.tracing.engine_spans (cluster/engine/replica.py engine_tracing)."""
     from cluster.config import TracingConfig
-    from cluster.engine.replica import engine_traces_endpoint
+    from cluster.engine.base import EngineTracing
+    from cluster.engine.replica import engine_tracing
+    from cluster.engine.vllm import engine_environment
 
-    on = TracingConfig(enabled=True, endpoint="http://otel:4317", engine_spans=True)
-    assert engine_traces_endpoint(on) == "http://otel:4317"
-    assert engine_traces_endpoint(TracingConfig(enabled=True, endpoint="http://otel:4317")) is None  # opt-in
-    assert engine_traces_endpoint(TracingConfig(endpoint="http://otel:4317", engine_spans=True)) is None  # off
-    assert engine_args(_spec({}, otlp_traces_endpoint="http://otel:4317")).otlp_traces_endpoint == "http://otel:4317"
+    on = TracingConfig(enabled=True, endpoint="http://otel:4318/v1/traces", protocol="http", engine_spans=True)
+    assert engine_tracing(on) == EngineTracing("http://otel:4318/v1/traces", "http", "tandem-engine")
+    assert engine_tracing(TracingConfig(enabled=True, endpoint="http://otel:4317")) is None  # opt-in
+    assert engine_tracing(TracingConfig(endpoint="http://otel:4317", engine_spans=True)) is None  # off
+    traced = _spec({}, tracing=engine_tracing(on))
+    assert engine_args(traced).otlp_traces_endpoint == "http://otel:4318/v1/traces"
     assert engine_args(_spec({})).otlp_traces_endpoint is None
-    own = engine_args(_spec({"otlp_traces_endpoint": "http://mine:4317"}, otlp_traces_endpoint="http://otel:4317"))
+    # vLLM reads the protocol and the service name from the environment only.
+    env = engine_environment(traced)
+    assert env["OTEL_EXPORTER_OTLP_TRACES_PROTOCOL"] == "http/protobuf" and env["OTEL_SERVICE_NAME"] == "tandem-engine"
+    assert "OTEL_SERVICE_NAME" not in engine_environment(_spec({}))
+    own = engine_args(_spec({"otlp_traces_endpoint": "http://mine:4317"}, tracing=engine_tracing(on)))
     assert own.otlp_traces_endpoint == "http://mine:4317"
+
+
+@pytest.mark.parametrize("settings, fix", [({"exporter": "file", "file_dir": "/tmp/t"}, "exporter: otlp"),
+                                           ({"endpoint": "https://otel:4317", "insecure": False}, "protocol: http")])
+def test_engine_spans_that_vllm_cannot_export_are_refused(settings, fix):
+    from cluster.config import TracingConfig
+
+    with pytest.raises(ValueError, match=fix):
+        TracingConfig(enabled=True, engine_spans=True, **settings)
+
+
+def test_an_untraced_request_leaves_vllms_tracer_no_span():
+    """With engine spans on, a request the gateway does not trace reaches vLLM with an unsampled
+    parent (vllm.py UNSAMPLED_PARENT): vLLM's tracer, ParentBased and always on as vLLM builds it,
+    records nothing; with no parent at all it would start a trace of its own."""
+    from opentelemetry.sdk.trace import TracerProvider
+    from vllm.tracing import extract_trace_context
+
+    from cluster.engine.vllm import UNSAMPLED_PARENT
+
+    tracer = TracerProvider().get_tracer("vllm-like")  # vLLM's provider: the SDK's default sampler
+    assert not tracer.start_span("llm_request", context=extract_trace_context(UNSAMPLED_PARENT)).is_recording()
+    assert tracer.start_span("llm_request", context=extract_trace_context(None)).is_recording()
+    sampled = {"traceparent": f"00-{7:032x}-{9:016x}-01"}
+    assert tracer.start_span("llm_request", context=extract_trace_context(sampled)).is_recording()

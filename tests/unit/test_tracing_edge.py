@@ -295,3 +295,37 @@ def test_a_migrated_answer_says_so_on_its_request_span() -> None:
     first = migrations[0].attributes
     assert first["tandem.migration.result"] == "continued" and first["tandem.migration.reason"] == "replica_died"
     assert first["tandem.migration.tokens_sent"] >= 1 and first["tandem.migration.attempt"] == 1
+
+
+def test_the_first_output_is_timed_on_a_traced_hop_and_an_untraced_one_is_left_alone() -> None:
+    import asyncio
+
+    from cluster.tracing import FIRST_OUTPUT, timed_first_output
+
+    closed = []
+
+    async def engine_stream():
+        try:
+            for i in range(3):
+                await asyncio.sleep(0.01)
+                yield i
+        finally:
+            closed.append(True)  # vLLM aborts the request when its stream is closed
+
+    stream = engine_stream()
+    assert timed_first_output(stream, None) is stream  # untraced: no wrapper, no cost
+    exporter = InMemorySpanExporter()
+    replica = Tracing.from_config(ON, "decode", exporter=exporter, batch=False)
+    span = replica.start("tandem.decode")
+
+    async def first_then_leave():
+        timed = timed_first_output(engine_stream(), span)
+        first = await timed.__anext__()
+        await timed.aclose()  # the client left after one token
+        return first
+
+    assert asyncio.run(first_then_leave()) == 0
+    assert closed == [True]  # the engine's stream was closed too, not left to the collector
+    span.end()
+    (done,) = exporter.get_finished_spans()
+    assert 0.005 < done.attributes[FIRST_OUTPUT] < 5

@@ -254,6 +254,14 @@ def test_vllms_engine_tracing_takes_what_tandem_passes():
         update("cluster/engine/vllm.py", "AsyncEngineArgs.otlp_traces_endpoint is gone")
     assert "trace_headers" in inspect.signature(AsyncLLM.generate).parameters, \
         update("cluster/engine/vllm.py", "AsyncLLM.generate takes no trace_headers")
+    from vllm.tracing import otel
+
+    # The exporter's protocol comes from the environment only (engine_environment sets it).
+    assert "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL" in inspect.getsource(otel.get_span_exporter), \
+        update("cluster/engine/vllm.py", "vLLM's get_span_exporter no longer reads OTEL_EXPORTER_OTLP_TRACES_PROTOCOL")
+    # Its provider keeps the SDK's default sampler (parent-based): UNSAMPLED_PARENT silences a request.
+    assert "sampler" not in inspect.getsource(otel.init_otel_tracer), \
+        update("cluster/engine/vllm.py", "vLLM's tracer sets its own sampler: check UNSAMPLED_PARENT still drops spans")
 
 
 def test_vllms_incremental_detokenizer_is_what_answer_text_replays(tiny_model_dir):
@@ -381,3 +389,14 @@ def test_nixls_python_api_module_has_what_tandem_imports():
         assert hasattr(api, name), \
             update("cluster/doctor.py, kv_transfer/bench/nixl_transfer.py, kv_transfer/bench/progress.py",
                    f"nixl._api.{name} is gone")
+
+
+def test_vllms_model_config_gives_the_kv_block_size_in_bytes():
+    """cluster/engine/vllm.py kv_block_bytes (the decode span's tandem.kv.bytes; UPSTREAM.md row 25)."""
+    from vllm.config import ModelConfig
+    from vllm.utils import torch_utils
+
+    for name in ("get_total_num_hidden_layers", "get_total_num_kv_heads", "get_head_size", "use_mla", "is_hybrid"):
+        assert hasattr(ModelConfig, name), update("cluster/engine/vllm.py", f"vLLM's ModelConfig.{name} is gone")
+    assert hasattr(torch_utils, "kv_cache_dtype_str_to_dtype"), \
+        update("cluster/engine/vllm.py", "vllm.utils.torch_utils.kv_cache_dtype_str_to_dtype is gone")

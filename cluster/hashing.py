@@ -6,9 +6,11 @@ each block's hash chains its parent's:
     h_i = sha256(pickle((h_{i-1}, tuple(block_i_tokens), extra_i)))
     h_{-1} = NONE_HASH = sha256(pickle(seed))
 
-extra_i is None (no LoRA, multimodal or prompt embeds here), except for the first block of a
-request with a `cache_salt`: (("cache_salt", salt),). The salt changes the first hash and so,
-through the chain, every hash: prompts of different salts (tenants) never share a block.
+extra_i holds, in vLLM's order: ("lora", name, path) on every block of a request run with a
+LoRA adapter; ("cache_salt", salt) on the first block of a request with a `cache_salt`; None when
+it holds nothing (no multimodal or prompt embeds here). The salt changes the first hash and so,
+through the chain, every hash: prompts of different salts (tenants) never share a block; an
+adapter's prompts never share a block with the base model's or another adapter's.
 
 with seed = PYTHONHASHSEED if the engine process has it, else "vllm-none-hash". A trailing
 partial block is never cached, so it is never hashed. KV events carry the hash as the last
@@ -59,17 +61,20 @@ class BlockHasher:
         if self.block_size < 1:
             raise ValueError(f"block_size must be >= 1, got {self.block_size}")
 
-    def raw_hashes(self, token_ids: Sequence[int], cache_salt: Optional[str] = None) -> list[bytes]:
-        """vLLM's internal BlockHash bytes, one per full block."""
+    def raw_hashes(self, token_ids: Sequence[int], cache_salt: Optional[str] = None,
+                   lora: Optional[tuple[str, str]] = None) -> list[bytes]:
+        """vLLM's internal BlockHash bytes, one per full block. `lora`: the adapter's (name, path)."""
         parent = _sha256(self.seed)
         out: list[bytes] = []
+        lora_keys = [("lora", *lora)] if lora else []
         for start in range(0, len(token_ids) - self.block_size + 1, self.block_size):
             # vLLM salts the first block only (generate_block_hash_extra_keys); an empty salt is none.
-            extra = (("cache_salt", cache_salt),) if start == 0 and cache_salt else None
-            parent = _sha256((parent, tuple(token_ids[start:start + self.block_size]), extra))
+            keys = lora_keys + [("cache_salt", cache_salt)] if start == 0 and cache_salt else lora_keys
+            parent = _sha256((parent, tuple(token_ids[start:start + self.block_size]), tuple(keys) or None))
             out.append(parent)
         return out
 
-    def hashes(self, token_ids: Sequence[int], cache_salt: Optional[str] = None) -> list[int]:
+    def hashes(self, token_ids: Sequence[int], cache_salt: Optional[str] = None,
+               lora: Optional[tuple[str, str]] = None) -> list[int]:
         """The prompt's block hashes as KV events report them."""
-        return [external_hash(h) for h in self.raw_hashes(token_ids, cache_salt)]
+        return [external_hash(h) for h in self.raw_hashes(token_ids, cache_salt, lora)]

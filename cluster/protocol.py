@@ -78,10 +78,28 @@ class EngineRequest:
     # The W3C traceparent of the gateway's span for this hop, when the request is traced
     # (cluster/tracing.py): the replica's span joins the trace under it. None: not traced.
     traceparent: Optional[str] = None
+    # The LoRA adapter the request names by `model` (model.lora_adapters): both hops run with
+    # it, and it is part of every prompt block's hash, as in vLLM. None: the base model.
+    adapter: Optional["Adapter"] = None
 
     def __reduce__(self):
         return (EngineRequest, (self.request_id, self.prompt_token_ids, ReceivedSampling.of(self.sampling),
-                                self.tier, self.cache_salt, self.traceparent))
+                                self.tier, self.cache_salt, self.traceparent, self.adapter))
+
+
+@dataclass(frozen=True)
+class Adapter:
+    """A LoRA adapter as vLLM's LoRARequest names it: `id` is the gateway's number for it (vLLM's
+    serving code numbers the configured adapters in order), the same in every engine."""
+
+    name: str
+    id: int
+    path: str
+
+    def lora_request(self) -> Any:
+        from vllm.lora.request import LoRARequest
+
+        return LoRARequest(lora_name=self.name, lora_int_id=self.id, lora_path=self.path)
 
 
 def sampling_params(request: EngineRequest) -> "SamplingParams":

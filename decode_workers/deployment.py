@@ -18,13 +18,20 @@ from cluster.protocol import EngineRequest
 from cluster.tracing import joined, replica_span, replica_tracing, timed_first_output
 from cluster.metrics import Counter
 from cluster.engine.outbox import Outboxes, WrongReplica
-from kv_transfer.handoff import Handoff, HandoffExpired, HandoffMismatch
+from kv_transfer.handoff import Handoff, HandoffExpired, HandoffMismatch, adapter_key
 
 log = logging.getLogger(__name__)
 
 HANDOFFS_EXPIRED = Counter(
     "tandem_handoffs_expired",
     "Handoffs that reached decode after the prefill's KV lease (minus a margin): recomputed, never pulled.",
+    ["tier"],
+)
+
+
+HANDOFFS_MISMATCHED = Counter(
+    "tandem_handoffs_mismatched",
+    "Handoffs decode could not use (another model, dtype, block size or LoRA adapter): recomputed, never pulled.",
     ["tier"],
 )
 
@@ -36,6 +43,7 @@ class DecodeWorker(EngineReplica):
         self.tier = tier
         self.start_engine(engine_cls(build_engine_spec(cfg, tier, "kv_consumer")), tier)
         HANDOFFS_EXPIRED.labels(tier=tier).inc(0)  # 0, not "no data", on the dashboard until one expires
+        HANDOFFS_MISMATCHED.labels(tier=tier).inc(0)
         self.tracing = replica_tracing(cfg, "decode")  # None when observability.tracing is off
 
     def start_engine(self, engine, tier: str) -> None:
@@ -49,9 +57,10 @@ class DecodeWorker(EngineReplica):
         if handoff is None:
             return None
         try:
-            return handoff.decode_params(self.info.identity)
+            return handoff.decode_params(self.info.identity, adapter=adapter_key(request.adapter))
         except HandoffMismatch as exc:
-            # Fail fast on an incompatible peer: compute the prompt here instead.
+            # Fail fast on an incompatible peer (or KV of another adapter): compute the prompt here instead.
+            HANDOFFS_MISMATCHED.labels(tier=self.tier).inc()
             log.warning("request %s: %s (from %s); recomputing locally", request.request_id, exc,
                         handoff.producer_id or "?")
         except HandoffExpired as exc:

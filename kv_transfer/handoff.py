@@ -62,6 +62,11 @@ class EngineIdentity:
         return None
 
 
+def adapter_key(adapter: Any) -> Optional[str]:
+    """A request's LoRA adapter (cluster.protocol.Adapter) as handoffs name it; None: the base model."""
+    return None if adapter is None else f"{adapter.name}={adapter.path}"
+
+
 class HandoffExpired(ValueError):
     """The prefill's lease on the handoff's blocks has ended (or nearly): they may hold another
     request's KV now. Decode computes the prompt itself."""
@@ -106,26 +111,34 @@ class Handoff:
     # Wall-clock (time.time()) deadline of the prefill's lease; None: unknown (no check).
     lease_deadline: Optional[float] = None
     producer_id: str = ""  # the prefill engine's worker id, for logs
+    # The LoRA adapter the prompt's KV was computed with, "name=path" (adapter_key); None: the
+    # base model. KV of one adapter continued under another would be silently wrong.
+    adapter: Optional[str] = None
 
     @classmethod
     def from_prefill(cls, producer: EngineIdentity, params: dict[str, Any] | None,
-                     lease_deadline: Optional[float] = None, producer_id: str = "") -> "Handoff":
+                     lease_deadline: Optional[float] = None, producer_id: str = "",
+                     adapter: Optional[str] = None) -> "Handoff":
         if not params or not params.get("do_remote_prefill"):
             raise HandoffMismatch(
                 "prefill engine returned no remote-prefill kv_transfer_params; "
                 "is it configured with kv_role=kv_producer?"
             )
         return cls(version=HANDOFF_VERSION, producer=producer, params=dict(params),
-                   lease_deadline=lease_deadline, producer_id=producer_id)
+                   lease_deadline=lease_deadline, producer_id=producer_id, adapter=adapter)
 
-    def decode_params(self, consumer: EngineIdentity, now: Optional[float] = None) -> dict[str, Any]:
-        """The params for the consumer's engine, checked against it (raises HandoffMismatch,
-        HandoffExpired)."""
+    def decode_params(self, consumer: EngineIdentity, now: Optional[float] = None,
+                      adapter: Optional[str] = None) -> dict[str, Any]:
+        """The params for the consumer's engine, continuing a request run with `adapter`
+        (adapter_key), checked against both (raises HandoffMismatch, HandoffExpired)."""
         if self.version != HANDOFF_VERSION:
             raise HandoffMismatch(f"handoff version {self.version}, this worker speaks {HANDOFF_VERSION}")
         why = self.producer.mismatch(consumer)
         if why is not None:
             raise HandoffMismatch(why)
+        if self.adapter != adapter:
+            raise HandoffMismatch(f"handoff computed with LoRA adapter {self.adapter or 'none (the base model)'}, "
+                                  f"this request runs {adapter or 'the base model'}")
         now = time.time() if now is None else now
         if self.lease_deadline is not None and now >= self.lease_deadline:
             raise HandoffExpired(f"handoff lease ended {now - self.lease_deadline:.1f} s ago")

@@ -17,7 +17,7 @@ from cluster.engine.replica import EngineFactory, EngineReplica, build_engine_sp
 from cluster.serve_patch import bind_replica_grpc_on_node_address
 from cluster.protocol import EngineRequest, PrefillResult
 from cluster.tracing import joined, replica_span, replica_tracing
-from kv_transfer.handoff import Handoff, lease_deadline
+from kv_transfer.handoff import Handoff, adapter_key, lease_deadline
 
 
 @serve.deployment(name="PrefillWorker")
@@ -33,7 +33,7 @@ class PrefillWorker(EngineReplica):
                           lambda: self.span_attributes(request)) as span:
             with self.signals.pending_prompt(len(request.prompt_token_ids)):  # autoscaling signal
                 result = await self.engine.prefill(joined(request, span), first_token=first_token)
-            result = dataclasses.replace(result, handoff=self.handoff(result))
+            result = dataclasses.replace(result, handoff=self.handoff(result, request))
             if span is not None:
                 span.set_attributes({"tandem.handoff": result.handoff is not None,
                                      "tandem.first_token": result.first is not None})
@@ -55,7 +55,7 @@ class PrefillWorker(EngineReplica):
             finally:
                 await stream.aclose()
 
-    def handoff(self, result: PrefillResult) -> Handoff | None:
+    def handoff(self, result: PrefillResult, request: EngineRequest) -> Handoff | None:
         """The envelope decode checks. None when the answer ended on its first token (nothing
         to hand over); HandoffMismatch (the gateway recomputes) when the engine returned
         params that are no remote-prefill handoff."""
@@ -63,4 +63,4 @@ class PrefillWorker(EngineReplica):
             return None
         # The engine's lease on the blocks started as the prefill finished: stamp it now.
         return Handoff.from_prefill(self.info.identity, result.kv_transfer_params, lease_deadline(),
-                                    producer_id=self.info.worker_id)
+                                    producer_id=self.info.worker_id, adapter=adapter_key(request.adapter))

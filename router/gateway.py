@@ -61,7 +61,8 @@ class GatewayReplica:
             model_path=cfg.model.path, served_name=cfg.model.served_name, dtype=engine_dtype_here(cfg.model.dtype),
             max_model_len=cfg.model.max_model_len, tool_parser=cfg.model.tool_parser,
             reasoning_parser=cfg.model.reasoning_parser,
-            structured_outputs=structured_outputs_config(default_engine, cfg.model.reasoning_parser))
+            structured_outputs=structured_outputs_config(default_engine, cfg.model.reasoning_parser),
+            lora_adapters=cfg.model.lora_adapters, max_loras=cfg.model.max_loras, max_lora_rank=cfg.model.max_lora_rank)
         vllm_config = vllm_config_of(self.args)
         self.router = build_kv_router(cfg)
         self.backend = DisaggregatedBackend(

@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal, Optional
+from typing import Annotated, Any, Literal, Optional
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
 
 from cluster.config.base import HumanInt, MiB, _Strict, is_hub_id
+
+# An adapter's name is a model id on the API (vLLM's lora-modules name): no spaces, no slashes
+# that would read as a Hub id, bounded.
+LORA_NAME = r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$"
 
 
 class ModelConfig(_Strict):
@@ -28,6 +32,25 @@ class ModelConfig(_Strict):
         None, pattern=r"^[A-Za-z0-9_.-]+$",
         description="vLLM reasoning parser (e.g. deepseek_r1, qwen3): splits the model's reasoning from its answer "
                     "(`reasoning` in responses, streamed), as `vllm serve --reasoning-parser` does.")
+
+    lora_adapters: dict[Annotated[str, StringConstraints(pattern=LORA_NAME)], Annotated[str, StringConstraints(max_length=4096)]] = Field(
+        {}, max_length=256,
+        description="LoRA adapters served beside the base model: name → local folder (PEFT's format) or Hub id. A "
+                    "request names one by `model`, and /v1/models lists them, as `vllm serve --enable-lora "
+                    "--lora-modules name=path` does; both hops of a request run it with its adapter. Empty: no "
+                    "LoRA (the engines are built without it).")
+    max_loras: int = Field(4, ge=1, le=64, description="Adapters an engine holds at once (vLLM's `max_loras`); "
+                                                       "others load on demand, evicting the least recently used.")
+    max_lora_rank: Literal[1, 8, 16, 32, 64, 128, 256, 320, 512] = Field(
+        16, description="The largest adapter rank served (vLLM's `max_lora_rank`); an adapter of a higher rank is "
+                        "refused when it loads.")
+
+    @model_validator(mode="after")
+    def _check_adapter_names(self) -> "ModelConfig":
+        if self.served_name in self.lora_adapters:
+            raise ValueError(f"model.lora_adapters: {self.served_name!r} is the base model's name; name the "
+                             "adapter otherwise")
+        return self
 
     @property
     def hub_id(self) -> Optional[str]:
@@ -52,6 +75,9 @@ SET_BY_TANDEM = {
     "kv_events_config": "routing.kv_events (tandem binds the KV-event sockets itself)",
     "disable_log_stats": "nothing: tandem reads the engine's stats for routing and autoscaling",
     "data_parallel_size": "the pool's replicas (each replica is one engine)",
+    "enable_lora": "model.lora_adapters (every pool serves the same adapters: a handoff needs both sides alike)",
+    "max_loras": "model.max_loras",
+    "max_lora_rank": "model.max_lora_rank",
 }
 # engine: keys that are tandem's, not vLLM's (vLLM has no name for them).
 TANDEM_ENGINE_KEYS = frozenset({"cpu_niceness"})

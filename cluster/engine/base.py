@@ -85,6 +85,17 @@ class EngineSpec:
     # observability.tracing.engine_spans: vLLM's own OTLP exporter; its request spans join the
     # replica's (trace_headers). None: vLLM traces nothing.
     tracing: Optional["EngineTracing"] = None
+    # model.lora_adapters: the engine serves LoRA adapters (loaded when a request names one).
+    # None: built without LoRA.
+    lora: Optional["LoraLimits"] = None
+
+
+@dataclass(frozen=True)
+class LoraLimits:
+    """vLLM's LoRA engine arguments, the same for every pool (model.max_loras, max_lora_rank)."""
+
+    max_loras: int
+    max_lora_rank: int
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,7 @@ from typing import Any, Callable, Optional
 
 from cluster.autoscaling.signals import ReplicaSignals
 from cluster.config import ClusterConfig
-from cluster.engine.base import Engine, EngineInfo, EngineSpec, EngineTracing
+from cluster.engine.base import Engine, EngineInfo, EngineSpec, EngineTracing, LoraLimits
 from cluster.engine.metrics import ITL_COUNT, ITL_SUM, EngineMetricsExporter, EngineStats
 from cluster.engine.metrics import engine_stats as engine_stats_of
 from cluster.hardware import cpu_flags, engine_dtype, has_nvidia_gpu
@@ -99,6 +99,7 @@ def build_engine_spec(cfg: ClusterConfig, tier: str, role: KVRole) -> EngineSpec
         config_key=f"tiers.{tier}.{pool_name}.engine",
         pool=PoolId(tier, pool_name),
         tracing=engine_tracing(cfg.observability.tracing),
+        lora=LoraLimits(cfg.model.max_loras, cfg.model.max_lora_rank) if cfg.model.lora_adapters else None,
     )
 
 

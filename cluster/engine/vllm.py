@@ -102,6 +102,8 @@ def engine_args(spec: EngineSpec) -> Any:
     given = parse_engine_args(spec.engine.vllm_args(), spec.config_key)
     if spec.tracing is not None and "otlp_traces_endpoint" not in given:
         given["otlp_traces_endpoint"] = spec.tracing.endpoint  # observability.tracing.engine_spans
+    if spec.lora is not None:  # model.lora_adapters
+        given.update(enable_lora=True, max_loras=spec.lora.max_loras, max_lora_rank=spec.lora.max_lora_rank)
     return AsyncEngineArgs(
         **given,
         model=str(spec.model_path),
@@ -269,8 +271,9 @@ class VLLMEngine(Engine):
         try:
             # A traced request's replica span is the parent of vLLM's own spans (engine_spans).
             headers = {"traceparent": request.traceparent} if request.traceparent else self._untraced
+            lora = None if request.adapter is None else request.adapter.lora_request()
             async for output in self._llm.generate(
-                _prompt(request), params, request.request_id, trace_headers=headers
+                _prompt(request), params, request.request_id, trace_headers=headers, lora_request=lora
             ):
                 yield output
         except VLLMClientError as exc:

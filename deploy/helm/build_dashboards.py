@@ -179,8 +179,10 @@ def kv_transfer() -> dict:
         panel("KV transfer failures and expired handoffs per second", [
             target(per_tier("vllm:nixl_num_failed_transfers_total"), "{{tier}} NIXL transfers failed"),
             target(f"sum by (tier) ({rate('ray_tandem_handoffs_expired_total')})", "{{tier}} handoffs expired"),
-        ], "short", "Both recompute the prompt on decode. Expired: the handoff reached decode after the "
-                    "prefill engine's KV lease, so its blocks were never pulled."),
+            target(f"sum by (tier) ({rate('ray_tandem_handoffs_mismatched_total')})", "{{tier}} handoffs mismatched"),
+        ], "short", "All recompute the prompt on decode. Expired: the handoff reached decode after the "
+                    "prefill engine's KV lease, so its blocks were never pulled. Mismatched: KV from an engine "
+                    "of another model, dtype or block size, or computed with another LoRA adapter."),
         panel("Recomputed on decode (fallback)", [target(
             f"sum by (tier, reason) ({rate('ray_tandem_route_total', TIER, RECOMPUTE)})",
             "{{tier}} {{reason}}")], "reqps", "Requests whose prefill hop failed, so decode computed the prompt itself.",

@@ -26,9 +26,12 @@ from router.openai.hosts import HostAllowList
 
 def vllm_server_args(*, model_path: Path, served_name: str, dtype: str, max_model_len: int,
                      tool_parser: Optional[str] = None, reasoning_parser: Optional[str] = None,
-                     structured_outputs: Optional[Mapping[str, Any]] = None) -> Any:
+                     structured_outputs: Optional[Mapping[str, Any]] = None,
+                     lora_adapters: Mapping[str, str] = {}, max_loras: Optional[int] = None,
+                     max_lora_rank: Optional[int] = None) -> Any:
     """The argparse Namespace `vllm serve` would build for this model (vLLM's own parser, so
-    every default is vLLM's)."""
+    every default is vLLM's). With `lora_adapters` (name → path) vLLM's serving code lists them
+    on /v1/models and resolves a request's `model` to one (`--enable-lora --lora-modules`)."""
     import json
 
     from vllm.entrypoints.launchers.cli_args import make_arg_parser
@@ -42,6 +45,10 @@ def vllm_server_args(*, model_path: Path, served_name: str, dtype: str, max_mode
         argv += ["--reasoning-parser", reasoning_parser]
     if structured_outputs:
         argv += ["--structured-outputs-config", json.dumps(dict(structured_outputs))]
+    if lora_adapters:
+        argv += ["--enable-lora", "--lora-modules", *(f"{name}={path}" for name, path in lora_adapters.items())]
+        argv += ["--max-loras", str(max_loras)] if max_loras is not None else []
+        argv += ["--max-lora-rank", str(max_lora_rank)] if max_lora_rank is not None else []
     return make_arg_parser(FlexibleArgumentParser()).parse_args(argv)
 
 

@@ -30,7 +30,7 @@ from vllm.sampling_params import RequestOutputKind, SamplingParams
 from vllm.v1.engine.exceptions import EngineDeadError, EngineGenerateError
 from vllm.v1.engine.input_processor import InputProcessor
 
-from cluster.protocol import EngineRequest, merge_outputs
+from cluster.protocol import Adapter, EngineRequest, merge_outputs
 from router.backend import Backend
 from router.openai.context import CURRENT, RequestContext
 from router.openai.errors import OpenAIError
@@ -62,18 +62,22 @@ class PDEngineClient(EngineClient):
         self._aborts: set[asyncio.Task] = set()  # aborts in flight, kept from the GC
 
     async def generate(self, prompt: Any, sampling_params: SamplingParams, request_id: str, *,
-                       prompt_text: Optional[str] = None, **_: Any) -> AsyncGenerator[Any, None]:
+                       prompt_text: Optional[str] = None, lora_request: Any = None,
+                       **_: Any) -> AsyncGenerator[Any, None]:
         ctx = CURRENT.get() or RequestContext(tier=self.default_tier)
         if not isinstance(prompt, Mapping) or "prompt_token_ids" not in prompt:
             raise ValueError("tandem serves token prompts rendered by the gateway (text-only models)")
         # vLLM's own checks of the request (logprobs limits, token ids in the vocabulary,
         # structured-output specs, ...), raised here as AsyncLLM would raise them.
         checked = self.input_processor.process_inputs(request_id, prompt, sampling_params,
-                                                      supported_tasks=("generate",))
+                                                      supported_tasks=("generate",), lora_request=lora_request)
         params = checked.sampling_params
         token_ids = tuple(prompt["prompt_token_ids"])
         salt = _salt(ctx.cache_salt, prompt.get("cache_salt"))
-        request = EngineRequest(request_id, token_ids, params, tier=ctx.tier, cache_salt=salt)
+        # vLLM's serving code resolved `model` to one of model.lora_adapters (or None: the base).
+        adapter = None if lora_request is None else Adapter(lora_request.lora_name, lora_request.lora_int_id,
+                                                             lora_request.lora_path)
+        request = EngineRequest(request_id, token_ids, params, tier=ctx.tier, cache_salt=salt, adapter=adapter)
         aggregate = sampling_params.output_kind != RequestOutputKind.DELTA
         text = prompt.get("prompt", prompt_text)
         # One list for every output of the request: vLLM's serving code reads it (usage, echo)
@@ -173,7 +177,25 @@ class PDEngineClient(EngineClient):
         raise ValueError("tandem serves generative models; pooling (embeddings, scores) is not served")
 
     async def add_lora(self, lora_request: Any) -> bool:
-        raise ValueError("LoRA adapters are not served by tandem")
+        """vLLM's serving code checks each configured adapter here at start (model.lora_adapters).
+        The engines load an adapter when a request first names it; what can be checked without an
+        engine is checked now, with vLLM's own rules, so a bad adapter stops the start with its
+        reason: a local folder must hold a PEFT adapter vLLM accepts (rank, features). A Hub id
+        is downloaded by the engines."""
+        import os
+
+        from vllm.exceptions import LoRAAdapterNotFoundError
+        from vllm.lora.peft_helper import PEFTHelper
+
+        path = lora_request.lora_path
+        looks_local = os.path.isabs(path) or path.startswith(".") or os.path.exists(path)
+        if not looks_local:
+            return True
+        if not os.path.isfile(os.path.join(path, "adapter_config.json")):
+            raise LoRAAdapterNotFoundError(lora_request.lora_name, path)
+        helper = PEFTHelper.from_local_dir(path, self.model_config.max_model_len)
+        helper.validate_legal(self.vllm_config.lora_config)
+        return True
 
     async def _unsupported(self, what: str) -> Any:
         raise ValueError(f"{what} is an engine operation; tandem's engines are managed by the cluster")

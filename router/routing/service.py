@@ -152,8 +152,8 @@ class KVRouter:
 
     # -- the decision ------------------------------------------------------------------------
 
-    async def _matches(self, token_ids, workers: list[Worker],
-                       cache_salt: Optional[str] = None) -> tuple[dict[str, int], dict[str, int], bool]:
+    async def _matches(self, token_ids, workers: list[Worker], cache_salt: Optional[str] = None,
+                       lora: Optional[tuple[str, str]] = None) -> tuple[dict[str, int], dict[str, int], bool]:
         """(blocks of the prompt per worker, leading cached blocks per worker, index answered)."""
         num_blocks: dict[str, int] = {}
         layouts: dict[tuple[int, str], list[int]] = {}
@@ -161,7 +161,7 @@ class KVRouter:
             if w.block_size:
                 key = (w.block_size, w.hash_seed or DEFAULT_SEED)
                 if key not in layouts:
-                    layouts[key] = BlockHasher(*key).hashes(token_ids, cache_salt)  # salted like vLLM
+                    layouts[key] = BlockHasher(*key).hashes(token_ids, cache_salt, lora)  # salted and keyed like vLLM
                 num_blocks[w.worker_id] = len(layouts[key])
         if self._index is None or not layouts:
             return num_blocks, {}, self._index is not None
@@ -190,8 +190,10 @@ class KVRouter:
         await self._sync_subscribers()
         decode_workers = [w for w in self.workers(tier, "decode") if w.replica_id not in exclude]
         prefill_workers = [w for w in self.workers(tier, "prefill") if w.replica_id not in exclude]
+        adapter = request.adapter
         num_blocks, matches, index_ok = await self._matches(request.prompt_token_ids, decode_workers + prefill_workers,
-                                                            request.cache_salt)
+                                                            request.cache_salt,
+                                                            None if adapter is None else (adapter.name, adapter.path))
         ctx = RouteContext(tier=tier, prompt_tokens=len(request.prompt_token_ids),
                            num_blocks=num_blocks, matches=matches)
         decode = self._pick(decode_workers, ctx, tier, "decode")

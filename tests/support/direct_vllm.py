@@ -48,6 +48,9 @@ def direct_vllm_command(model_dir: Path, port: int = DIRECT_VLLM_PORT) -> list[s
     ]
     if model.tool_parser:
         cmd += ["--tool-call-parser", model.tool_parser, "--enable-auto-tool-choice"]
+    if model.lora_adapters:  # what tandem's gateway and engines serve (model.lora_adapters)
+        cmd += ["--enable-lora", "--max-loras", str(model.max_loras), "--max-lora-rank", str(model.max_lora_rank),
+                "--lora-modules", *(f"{name}={path}" for name, path in model.lora_adapters.items())]
     return cmd
 
 

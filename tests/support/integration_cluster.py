@@ -67,6 +67,18 @@ BATCH_PREFILL_AUTOSCALING = {
 }
 
 
+# Two LoRA adapters of the tiny model (cluster/models/lora.py, seeded), served beside it by the
+# cluster and by the direct vLLM server alike (tests/integration/compat_corpus/lora.json, test_lora.py).
+LORA_SEEDS = {"tiny-lora-a": 1, "tiny-lora-b": 2}
+
+
+def lora_adapters(model_dir: Path) -> dict[str, str]:
+    from cluster.models.lora import make_lora_adapter
+
+    return {name: str(make_lora_adapter(model_dir, TEST_STATE / "models" / name, seed=seed))
+            for name, seed in LORA_SEEDS.items()}
+
+
 def integration_config(model_dir: Path, ray_address: str | None = None):
     from cluster.config import ClusterConfig
 
@@ -76,7 +88,8 @@ def integration_config(model_dir: Path, ray_address: str | None = None):
     return ClusterConfig.model_validate(
         {
             "model": {"path": str(model_dir), "name": MODEL_NAME, "dtype": "float32",
-                      "max_model_len": MAX_MODEL_LEN, "tool_parser": "hermes"},
+                      "max_model_len": MAX_MODEL_LEN, "tool_parser": "hermes",
+                      "lora_adapters": lora_adapters(model_dir), "max_loras": 2, "max_lora_rank": 8},
             "gateway": {"host": "127.0.0.1", "port": GATEWAY_PORT},
             "tiers": {
                 "interactive": {

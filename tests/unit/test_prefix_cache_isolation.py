@@ -25,14 +25,15 @@ from tests.support.fakes import FakeBackend
 TOKENS = list(range(3, 3 + 4 * 9 + 2))  # 9 full blocks of 4 and a partial one
 
 
-def vllm_hashes(tokens, block_size, salt):
+def vllm_hashes(tokens, block_size, salt, lora=None):
     """vLLM 0.32's own block hashes (v1/core/kv_cache_utils.py) of a request with `salt`."""
     from vllm.utils.hashing import sha256
     from vllm.v1.core import kv_cache_utils
 
     kv_cache_utils.init_none_hash(sha256)
+    lora_request = None if lora is None else SimpleNamespace(lora_name=lora[0], lora_path=lora[1])
     request = SimpleNamespace(block_hashes=[], num_tokens=len(tokens), all_token_ids=list(tokens), mm_features=[],
-                              lora_request=None, cache_salt=salt, prompt_embeds=None)
+                              lora_request=lora_request, cache_salt=salt, prompt_embeds=None)
     hasher = kv_cache_utils.get_request_block_hasher(block_size, sha256)
     return [bytes(h) for h in hasher(request)], kv_cache_utils.resolve_none_hash_seed(sha256)
 
@@ -44,6 +45,18 @@ def test_router_hashes_equal_vllms_with_and_without_a_salt(salt, block_size):
     expected, seed = vllm_hashes(TOKENS, block_size, salt)
     assert BlockHasher(block_size, seed).raw_hashes(TOKENS, salt) == expected
     assert len(expected) == len(TOKENS) // block_size
+
+
+@pytest.mark.parametrize("salt", [None, "tenant-a"])
+def test_router_hashes_equal_vllms_for_a_lora_adapter(salt):
+    """model.lora_adapters: vLLM keys every block of an adapter's request by its name and path."""
+    pytest.importorskip("vllm")
+    lora = ("french", "/adapters/french")
+    expected, seed = vllm_hashes(TOKENS, 4, salt, lora)
+    assert BlockHasher(4, seed).raw_hashes(TOKENS, salt, lora) == expected
+    base = BlockHasher(4, seed).raw_hashes(TOKENS, salt)
+    assert not set(expected) & set(base)  # no block shared with the base model's
+    assert not set(expected) & set(BlockHasher(4, seed).raw_hashes(TOKENS, salt, ("french", "/adapters/v2")))
 
 
 def test_a_salt_changes_every_block_hash():

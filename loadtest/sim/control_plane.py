@@ -14,9 +14,15 @@ Costs come from measurements, with their source kept beside them:
   this part (its load is the tokens); the baseline is the table's lower figure less what the
   per-token cost explains at that load (a few hundredths), rounded: 0.35 and 0.03 cores.
 
-When the control plane runs on the engines' cores (the 2-core VM), each engine step is
-slowed by the share of those cores it uses over the last second (processor sharing: engines
-get what is left). On a GPU cluster the control plane has its own cores and slows nothing;
+When the control plane runs on the engines' cores (the 2-core VM), engines are pinned one
+per core (cluster/config cpu_binding; the goodput benchmark binds prefill to 0, decode to 1,
+colocated engine i to i) and the control plane's processes are not: the kernel runs them on
+whichever core is free first. So its load over the last second goes to the cores of idle
+engines first, and only what is left is shared by the busy engines' cores (processor sharing:
+a busy engine's step takes 1 / (1 - its core's share) longer). Measured beside it: an isolated
+512-token prompt through tandem took its engine's unloaded TTFT plus 90-160 ms of path on four
+of the five EPYC runs (decode idle: its core took the control plane), not the 1.23x a uniform
+spread gives. On a GPU cluster the control plane has its own cores and slows nothing;
 `cores_needed` then says how many it takes, and `saturated` where it runs out.
 """
 
@@ -71,6 +77,7 @@ class ControlPlane:
         self.peak_cores = 0.0
         self._recent: deque[tuple[float, float]] = deque()
         self._recent_sum = 0.0
+        self.busy_engines = 0  # engines computing a step now (engine.py on_busy)
 
     def charge(self, now: float, tokens: int = 0, requests: int = 0) -> None:
         cpu = tokens * self.cost.per_token_cpu_s + requests * self.cost.per_request_cpu_s
@@ -90,12 +97,18 @@ class ControlPlane:
         self._forget(now)
         return self.cost.baseline_cores + self._recent_sum / WINDOW_S
 
+    def engine_busy(self, busy: bool) -> None:
+        self.busy_engines = max(self.busy_engines + (1 if busy else -1), 0)
+
     def slowdown(self, now: float) -> float:
-        """How much longer an engine step takes because the control plane shares its cores."""
+        """How much longer a busy engine's step takes because the control plane shares its core:
+        the load the idle engines' cores cannot take, spread over the busy engines' cores."""
         if not self.shared:
             return 1.0
-        steal = min(self.busy_cores(now) / self.shared, MAX_STEAL)
-        return 1.0 / (1.0 - steal)
+        busy = max(self.busy_engines, 1)  # the caller is about to step
+        idle_cores = max(self.shared - busy, 0.0)
+        left = max(self.busy_cores(now) - idle_cores, 0.0)
+        return 1.0 / (1.0 - min(left / busy, MAX_STEAL))
 
     def summary(self, span_s: float) -> dict:
         mean = self.cost.baseline_cores + (self.cpu_s / span_s if span_s > 0 else 0.0)

@@ -75,13 +75,17 @@ class SimRequest:
 class SimEngine:
     def __init__(self, worker_id: str, params: EngineParams, step_model: StepTimeModel, pool: BlockPool,
                  slowdown: Callable[[], float] = lambda: 1.0,
-                 on_tokens: Callable[[float, int], None] = lambda now, n: None):
+                 on_tokens: Callable[[float, int], None] = lambda now, n: None,
+                 on_busy: Callable[[bool], None] = lambda busy: None):
         self.worker_id = worker_id
         self.params = params
         self.step_model = step_model
         self.pool = pool
         self._slowdown = slowdown
         self._on_tokens = on_tokens  # the control plane's CPU per streamed token
+        self._on_busy = on_busy  # tells the control plane whether this engine's core is free (control_plane.py)
+        self._busy = False
+        self._boundary = asyncio.Event()  # set when a step ends (next_boundary)
         self.running: list[SimRequest] = []
         self.waiting: deque[SimRequest] = deque()
         self.kv_ready: deque[SimRequest] = deque()  # remote KV arrived: admitted first
@@ -110,6 +114,13 @@ class SimEngine:
         """A producer's blocks after the consumer pulled them (or gave up)."""
         self.pool.free(request.blocks)
         request.blocks = []
+
+    async def next_boundary(self) -> None:
+        """Until the end of the step running now (at once when idle). Without NIXL's progress
+        thread a pull from this engine completes only when the engine touches NIXL, once per
+        step (RESULTS.md section 10); an idle engine's empty steps serve it at once."""
+        if self._busy:
+            await self._boundary.wait()
 
     def take_gaps(self) -> tuple[Optional[float], int]:
         """(mean token gap of its streams since the last call, their number), as a replica reports."""
@@ -219,9 +230,11 @@ class SimEngine:
         while True:
             scheduled = self.schedule()
             if not scheduled:
+                self._set_busy(False)
                 self._wake.clear()
                 await self._wake.wait()
                 continue
+            self._set_busy(True)
             shape = StepShape(
                 decode_seqs=sum(1 for r in scheduled if not r.prefilling),
                 prefill_tokens=sum(n for r, n in scheduled.items() if r.prefilling),
@@ -230,6 +243,8 @@ class SimEngine:
             )
             seconds = self.step_model.step_s(shape) * self._slowdown()
             await asyncio.sleep(seconds)
+            self._boundary.set()
+            self._boundary = asyncio.Event()
             self.steps += 1
             self.busy_s += seconds
             now = loop.time()
@@ -240,6 +255,11 @@ class SimEngine:
                     self._sample(r, now)
                     sampled += 1
             self._on_tokens(now, sampled)
+
+    def _set_busy(self, busy: bool) -> None:
+        if busy != self._busy:
+            self._busy = busy
+            self._on_busy(busy)
 
     def _sample(self, r: SimRequest, now: float) -> None:
         if r.tokens:

@@ -59,7 +59,7 @@ class TandemSim:
         self.trace = trace
         self.index = MemoryPrefixIndex()
         self.pools = SimPools(cfg, hw, self.index, lambda: control.slowdown(loop.time()),
-                              lambda now, n: control.charge(now, tokens=n))
+                              lambda now, n: control.charge(now, tokens=n), control.engine_busy)
         self.router = KVRouter(directories=self.pools.directories, index=self.index, subscribe=False,
                                rng=random.Random(seed), clock=loop.time, timer=loop.time,
                                on_verdict=lambda inputs, d: trace.verdicts.append((inputs, d)),
@@ -67,6 +67,8 @@ class TandemSim:
         self.gates = {tier: TierGate(tier, t.admission, clock=loop.time) for tier, t in cfg.tiers.items()}
         self.autoscaler = Autoscaler(cfg, self.pools, trace)
         self.reuse = cfg.kv_transfer.first_token_reuse
+        # None: no progress thread, the sender serves a pull once per step (engine.next_boundary).
+        self.progress_thread = cfg.kv_transfer.nixl_progress_poll_ms is not None
         self.hop_s = control.cost.hop_s
 
     def _hashes(self, replica: Replica, prompt: tuple[int, ...]) -> list[int]:
@@ -127,6 +129,8 @@ class TandemSim:
 
         async def pull(tokens: int) -> None:
             await prefill.nic.send(tokens * self.hw.kv_bytes_per_token)
+            if not self.progress_thread:
+                await prefill.engine.next_boundary()
             prefill.engine.release(p)
 
         d = SimRequest(rid, len(req.prompt), self._hashes(decode, req.prompt), req.max_tokens - len(first),

@@ -58,12 +58,13 @@ def engine_params(pool: PoolConfig, hw: Hardware) -> EngineParams:
 
 class SimPools:
     def __init__(self, cfg: ClusterConfig, hw: Hardware, index: PrefixIndex, slowdown: Callable[[], float],
-                 on_tokens: Callable[[float, int], None]):
+                 on_tokens: Callable[[float, int], None], on_busy: Callable[[bool], None] = lambda busy: None):
         self.cfg = cfg
         self.hw = hw
         self.index = index
         self._slowdown = slowdown
         self._on_tokens = on_tokens
+        self._on_busy = on_busy
         self.directories: dict[tuple[str, str], PoolDirectory] = {}
         self.replicas: dict[tuple[str, str], list[Replica]] = {}
         self._serial = 0
@@ -86,7 +87,7 @@ class SimPools:
         params = engine_params(pool, self.hw)
         blocks = BlockPool(worker_id, params.num_blocks, params.block_size, lambda ev: self.index.apply([ev]))
         engine = SimEngine(worker_id, params, self.hw.step_model(tier, role), blocks, self._slowdown,
-                           self._on_tokens)
+                           self._on_tokens, self._on_busy)
         replica = Replica(replica_id, worker_id, engine, Nic(self.hw.link),
                           capacity=max(pool.engine.max_num_seqs * 2, 8))  # cluster/app.py's max_ongoing_requests
         self.replicas[(tier, role)].append(replica)

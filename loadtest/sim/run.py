@@ -88,7 +88,8 @@ def simulate_colocated(n: int, params: EngineParams, step_model: StepTimeModel, 
         control = ControlPlane(cost, control_cores, shares_engine_cores)
         engines = [SimEngine(f"colocated-{i}", params, step_model,
                              BlockPool(f"colocated-{i}", params.num_blocks, params.block_size, lambda ev: None),
-                             lambda: control.slowdown(loop.time()), lambda now, k: control.charge(now, tokens=k))
+                             lambda: control.slowdown(loop.time()), lambda now, k: control.charge(now, tokens=k),
+                             control.engine_busy)
                    for i in range(n)]
         for e in engines:
             e.start()

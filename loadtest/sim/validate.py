@@ -14,8 +14,11 @@ for every run; a miss stays a miss and the report says it.
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import subprocess
 from pathlib import Path
+from typing import Optional
 
 from loadtest.bench.workload import Mix, RequestKind, poisson_schedule
 from loadtest.measure.slo import Objective
@@ -28,9 +31,23 @@ from loadtest.sim.setups import CPU_BLOCK_SIZE, bench_system, bench_tandem_confi
 RESULTS = Path(__file__).resolve().parents[1] / "bench" / "results"
 CORES = 2
 UNMODELLED = {"single": "one engine on two cores: its two-thread speed-up was never measured",
-              "rayllm-pd": "Ray Serve LLM's own P/D: another control plane, not modelled",
-              "tandem-noprog": "NIXL without its progress thread (a pull served once per prefill step): not modelled, "
-                               "it would simulate exactly as tandem-adaptive"}
+              "rayllm-pd": "Ray Serve LLM's own P/D: another control plane, not modelled"}
+# The commit that gave tandem's CPU patch NIXL's progress thread back (RESULTS.md section 10).
+# A run recorded before it had none, whatever its system's name says today: its prefill
+# engine served each KV pull only between its own steps (engine.py next_boundary).
+PROGRESS_THREAD_SINCE = "6fd11a7"
+
+
+def had_progress_thread(path: Path) -> Optional[bool]:
+    """Whether the code that recorded `path` had the progress thread: the commit that added the
+    file descends from PROGRESS_THREAD_SINCE. None when git cannot say (no history here)."""
+    def git(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run(["git", *args], cwd=path.parent, capture_output=True, text=True, check=False)
+
+    added = git("log", "--diff-filter=A", "--format=%H", "--", path.name).stdout.split()
+    if not added:
+        return None
+    return git("merge-base", "--is-ancestor", PROGRESS_THREAD_SINCE, added[-1]).returncode == 0
 
 
 def replay_run(path: Path, seed: int = 0) -> dict:
@@ -47,8 +64,11 @@ def replay_run(path: Path, seed: int = 0) -> dict:
     schedules = {m["rate_rps"]: poisson_schedule(mix, m["rate_rps"], wl["duration_s"], wl["seed"])
                  for entry in run["systems"].values() for m in entry.get("rates", ())}
     cells, skipped = [], {}
+    thread = had_progress_thread(path)
     for name, entry in run["systems"].items():
         system = None if name in UNMODELLED else bench_system(name)
+        if system is not None and system.kind == "tandem" and thread is False:
+            system = dataclasses.replace(system, nixl_progress_thread=False)
         if system is None or "rates" not in entry:
             skipped[name] = UNMODELLED.get(name, "not run in this recording" if "rates" not in entry else "unknown system")
             continue
@@ -71,7 +91,7 @@ def replay_run(path: Path, seed: int = 0) -> dict:
             sim = result.summary(mean, every, wl["duration_s"], CORES)
             cells.append(_cell(name, measured, sim, result.trace.reasons()))
     return {"run": str(path.relative_to(RESULTS)), "calibration": {k: cal[k] for k in ("unloaded_ttft_ms", "unloaded_step_ms")},
-            "step_model": step.provenance(), "cells": cells, "skipped_systems": skipped, "ranking": _ranking(cells)}
+            "nixl_progress_thread": thread, "step_model": step.provenance(), "cells": cells, "skipped_systems": skipped, "ranking": _ranking(cells)}
 
 
 def _within(sim: float, measured: float) -> bool:

@@ -155,3 +155,31 @@ def test_a_producer_keeps_its_blocks_until_released():
 
     held, after = simulate(main)
     assert after == held + 4
+
+
+def test_a_pull_without_the_progress_thread_waits_for_the_senders_step_boundary():
+    """RESULTS.md section 10: without NIXL's progress thread the prefill engine serves a pull
+    only between its steps; an idle engine serves it at once."""
+    import asyncio
+
+    from loadtest.sim.clock import simulate
+    from loadtest.sim.engine import EngineParams, SimEngine, SimRequest
+    from loadtest.sim.kv_cache import BlockPool
+    from loadtest.sim.step_time import CpuFitted
+
+    async def main() -> tuple[float, float]:
+        loop = asyncio.get_running_loop()
+        step = CpuFitted(base_s=0.1, per_seq_s=0.0, per_prompt_token_s=0.0, source="test")
+        params = EngineParams(max_num_seqs=4, max_num_batched_tokens=256, block_size=16, num_blocks=64)
+        engine = SimEngine("p", params, step, BlockPool("p", 64, 16, lambda ev: None))
+        engine.start()
+        await engine.next_boundary()
+        idle = loop.time()
+        engine.submit(SimRequest("r", 16, [], 5))
+        await asyncio.sleep(0.25)  # inside its third step (0.2-0.3 s)
+        await engine.next_boundary()
+        return idle, loop.time()
+
+    idle, busy = simulate(main)
+    assert idle == 0.0
+    assert abs(busy - 0.3) < 1e-9

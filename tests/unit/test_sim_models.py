@@ -67,7 +67,12 @@ def test_the_control_plane_costs_come_from_the_benchmark_and_slow_shared_engines
     own = ControlPlane(cost, cores=2, shares_engine_cores=None)
     for cp in (shared, own):
         cp.charge(0.5, tokens=1000)  # one core-second within the last second
-    assert shared.slowdown(0.9) == pytest.approx(2.0)  # half of the 2 cores taken: steps twice as long
+    # One engine busy: the other engine's idle core takes the control plane's core-second.
+    shared.engine_busy(True)
+    assert shared.slowdown(0.9) == pytest.approx(1.0)
+    # Both busy: the core-second is shared by their two cores, half of each: steps twice as long.
+    shared.engine_busy(True)
+    assert shared.slowdown(0.9) == pytest.approx(2.0)
     assert own.slowdown(0.9) == 1.0
     assert shared.slowdown(2.0) == 1.0  # the window has passed
     assert own.summary(span_s=10)["peak_cores_1s"] == pytest.approx(1.0)

@@ -7,6 +7,8 @@ What it does, each only where the engine wrapper asked for it in the environment
   EngineCore and worker would otherwise live on as orphans, holding memory and the NIXL port.
 - TANDEM_NIXL_CPU_PATCH=1: the NIXL CPU-host patch (kv_transfer/cpu_patch.py).
 - TANDEM_NO_SPIN=1: shared-memory queue readers wait instead of spinning (cluster/no_spin.py).
+- TANDEM_LORA_CPU_PATCH=1: vLLM's CPU LoRA ops give a base-model token no adapter's delta
+  (cluster/lora_cpu_patch.py).
 - VLLM_CONFIGURE_LOGGING=0: vLLM's console handler, without the dictConfig that would close
   Serve's replica log file (cluster/vllm_logging.py).
 - TANDEM_ENGINE_NICE=N: vLLM's EngineCore and worker processes run at niceness N (at least),
@@ -36,11 +38,11 @@ def register() -> None:
         watch_parent()
     if os.environ.get(ENGINE_NICE) and multiprocessing.parent_process() is not None:
         lower_priority(int(os.environ[ENGINE_NICE]))
-    from cluster import no_spin
+    from cluster import lora_cpu_patch, no_spin
     from kv_transfer import cpu_patch
 
     # Each patch acts only where the engine wrapper set its flag (never with a GPU).
-    for patch in (cpu_patch, no_spin):
+    for patch in (cpu_patch, no_spin, lora_cpu_patch):
         if os.environ.get(patch.ENV_FLAG) == "1":
             patch.apply()
 

@@ -21,6 +21,7 @@ from cluster.engine.engine_args import parse as parse_engine_args
 from cluster.engine.metrics import Readings, read_vllm_metrics
 from cluster.protocol import EngineRequest, InvalidEngineRequest, PrefillResult, merge_outputs, sampling_params
 from kv_transfer.handoff import prefill_request_params
+from cluster.lora_cpu_patch import ENV_FLAG as LORA_CPU_PATCH
 from cluster.vllm_plugin import ENGINE_NICE
 from kv_transfer.nixl import kv_transfer_config, nixl_env
 from cluster.hashing import engine_hash_seed
@@ -57,6 +58,8 @@ def engine_environment(spec: EngineSpec) -> dict[str, str]:
         # (cluster/vllm_plugin.py): on a small CPU host they share the engines' cores.
         env["TANDEM_NO_SPIN"] = "1"
         env[ENGINE_NICE] = str(spec.engine.cpu_niceness)
+        if spec.lora is not None:
+            env[LORA_CPU_PATCH] = "1"  # vLLM's CPU LoRA ops would give base tokens an adapter's delta
     if spec.nixl is not None:
         env.update(nixl_env(spec.kv, spec.nixl, spec.on_gpu))
     if spec.kv_events_host is not None:

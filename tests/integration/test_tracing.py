@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import secrets
+import time
 
 import httpx
 import pytest
@@ -17,6 +18,10 @@ import pytest
 from tests.support.integration_cluster import MODEL_NAME
 from tests.support.otlp_receiver import ReceivedSpan
 
+# OpenTelemetry's BatchSpanProcessor sends every 5 s (its default schedule delay), and each
+# process (gateway, replicas, engines) batches on its own: a span may reach the receiver up to
+# that long after a later span of another process.
+BATCH_DELAY_S = 6
 SECRET_WORD = "zebraquartz"  # in every prompt here: no span may carry it
 CHAT = "/v1/chat/completions"
 P_D = {f"POST {CHAT}": 1, "tandem.admission": 1, "tandem.prefill_hop": 1, "tandem.prefill": 1,
@@ -95,12 +100,15 @@ def test_a_pd_request_is_one_trace_from_the_gateway_to_both_vllm_engines(base_ur
 def test_vllm_traces_only_what_the_gateway_traces(base_url, otlp_receiver):
     """An untraced request makes no span in any engine: vLLM would otherwise start a trace of its
     own for each request (cluster/engine/vllm.py UNSAMPLED_PARENT). Every earlier request of the
-    session ran untraced; once a traced request's engine spans arrived (each engine exports in
-    order), every `llm_request` the receiver holds must belong to a traced request."""
+    session ran untraced unless it asked; once a later traced request's spans all arrived, and
+    every process's batch exporter has sent what it held (BATCH_DELAY_S), every `llm_request` the
+    receiver holds must belong to a trace the gateway started."""
     assert _chat(base_url, {}, stream=False).status_code == 200
     trace_id, _, headers = traced_headers()
     assert _chat(base_url, headers, stream=False).status_code == 200
-    assert len(otlp_receiver.trace(trace_id, {"llm_request": 2}).get("llm_request", ())) == 2
+    spans = otlp_receiver.trace(trace_id, P_D)
+    assert {name: len(spans.get(name, ())) for name in P_D} == P_D, sorted(spans)
+    time.sleep(BATCH_DELAY_S)
     received = otlp_receiver.received()
     traced = {span.trace_id for span in received if span.service == "tandem-gateway" and span.name.startswith("POST")}
     engine_spans = [span for span in received if span.name == "llm_request"]

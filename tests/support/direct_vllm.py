@@ -57,7 +57,10 @@ def direct_vllm_command(model_dir: Path, port: int = DIRECT_VLLM_PORT) -> list[s
 def direct_vllm_environment() -> dict[str, str]:
     """Scheduling only, never the answers: one core (every vLLM instance takes core 0
     otherwise, DESIGN.md), its cache under the test folder, and tandem's vLLM plugin flags that
-    its own engines run with: no spinning, a lower priority, children that die with the server."""
+    its own engines run with: no spinning, a lower priority, children that die with the server.
+    One exception, a fix: vLLM 0.32's CPU LoRA ops give a base-model request batched beside
+    adapter requests an adapter's delta (cluster/lora_cpu_patch.py, vLLM PR #48421), so plain
+    vLLM's base answers would depend on what else it runs; the reference runs with tandem's fix."""
     return dict(
         os.environ,
         VLLM_CPU_OMP_THREADS_BIND="0",
@@ -65,6 +68,7 @@ def direct_vllm_environment() -> dict[str, str]:
         VLLM_CACHE_ROOT=str(STATE / "vllm-cache"),
         TANDEM_NO_SPIN="1",
         TANDEM_EXIT_WITH_PARENT="1",
+        TANDEM_LORA_CPU_PATCH="1",
         **{ENGINE_NICE: str(EngineConfig().cpu_niceness)},  # as the cluster's engines
     )
 

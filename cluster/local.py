@@ -221,7 +221,7 @@ class LocalCluster:
 
 def run_app(app, name: str, deadline: float, progress: Callable[[str], None] = print,
             t0: Optional[float] = None, route_prefix: Optional[str] = "/", heartbeat_s: float = 30.0,
-            external_scaler: bool = False) -> None:
+            external_scaler: bool = False, take_down_on_timeout: bool = True) -> None:
     """Deploy `app` and wait until it runs, within a deadline (monotonic). Progress: one line
     when the deployments' states change, or every `heartbeat_s` while they don't (engines load
     for minutes; a line now and then says the start is alive without filling the console), and
@@ -230,7 +230,9 @@ def run_app(app, name: str, deadline: float, progress: Callable[[str], None] = p
     (and deleting the app does not end that wait), so this deploys without waiting (Serve's
     `_run`, what serve.run calls) and waits itself. Past the deadline the app is deleted and
     TimeoutError names the deployments that were not ready. `external_scaler`: Serve's
-    external scaling API may set a pool's replica count (tests/serve scales decode down with it)."""
+    external scaling API may set a pool's replica count (tests/serve scales decode down with it).
+    `take_down_on_timeout` False (a redeploy): past the deadline the app stays, its old replicas
+    still serving what the new ones could not take over."""
     from ray import serve
     from ray.serve.schema import ApplicationStatus
 
@@ -261,6 +263,10 @@ def run_app(app, name: str, deadline: float, progress: Callable[[str], None] = p
         if line and (line != last or now - said_at >= heartbeat_s):
             progress(f"[tandem] {now - t0:5.0f} s  {line}")
             last, said_at = line, now
+        if now >= deadline and not take_down_on_timeout:
+            raise TimeoutError(f"{name} was not redeployed by its deadline; its deployments then: "
+                               f"{last or 'no status yet'}. Serve goes on with it; the replicas not yet "
+                               "replaced keep serving.")
         if now >= deadline:
             serve.delete(name, _blocking=False)
             raise TimeoutError(f"{name} was not ready by its deadline and was taken down; its deployments "

@@ -13,9 +13,12 @@ runs before an old one is stopped; the new gateway listens on the same port besi
 (SO_REUSEPORT), the old one then stops accepting and lets its open streams run up to the drain
 deadline; the old engine replicas drain theirs (tests/serve/test_drain.py).
 
-Under load: 4 long streams begun before the redeploy (they end on the old gateway, after it
-stopped accepting) and short streams arriving on new connections all through it. Every request
-answered 200 with its exact tokens; prints the longest token gap and the redeploy's duration."""
+Under load: 4 long streams on connections opened to the old gateway before the redeploy, sent
+as the new gateway comes up (they end on the old one, after it stopped accepting), and short
+streams arriving on new connections all through it. Every request answered 200 with its exact
+tokens, no deployment ever short of running replicas, every replica replaced; prints the
+longest token gap and the redeploy's duration. Fails with a stop-first gateway (connections
+refused) and with a gateway drain shorter than the long streams (streams cut)."""
 
 from __future__ import annotations
 

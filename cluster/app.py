@@ -37,6 +37,8 @@ def _pool_options(pool: PoolConfig, role: str, slo: SLOConfig, admission: Admiss
         # ongoing ones (each decode stream's run call, its step subscription) end, or at this
         # deadline; streams cut there migrate (router/pd/migration.py).
         "graceful_shutdown_timeout_s": drain_timeout_s(pool, role, slo, max_model_len),
+        # A redeploy starts the new replicas before the old ones drain, where the cluster has room.
+        "max_surge_percent": surge_percent(pool),
         "max_ongoing_requests": max(pool.engine.max_num_seqs * 2, 8),
         # Bounded: past it Serve refuses at once (BackPressureError: a 429 at the gateway, or a
         # recompute for a prefill) instead of queueing without end behind a stuck pool.
@@ -67,6 +69,42 @@ def drain_timeout_s(pool: PoolConfig, role: str, slo: SLOConfig, max_model_len: 
     if role == "decode":
         return max(MIN_DRAIN_S, max_model_len * slo.itl_s)
     return MIN_DRAIN_S
+
+
+def surge_percent(pool: PoolConfig) -> int:
+    """Serve's max_surge_percent for the pool (pool.max_surge_percent). By default a surge only
+    where it cannot stall: Serve stops no old replica until its replacement runs, so a new
+    replica waiting for the CPU, GPU or custom resource an old one holds would wait forever
+    (the old ones keep serving, the redeploy never ends); stop-first instead frees them."""
+    if pool.max_surge_percent is not None:
+        return pool.max_surge_percent
+    reserves = pool.num_cpus > 0 or pool.num_gpus > 0 or bool(pool.placement.resources)
+    return 0 if reserves else 100
+
+
+GATEWAY_SHUTDOWN_MARGIN_S = 10.0  # Serve's drain loop (2 s) before __del__, then closing the gateway's parts
+
+
+def gateway_drain_s(cfg: ClusterConfig) -> float:
+    """How long a gateway replica being removed (a redeploy) lets its open HTTP streams run after
+    it stops accepting: the longest any pool lets a removed replica finish (drain_timeout_s), so
+    a stream the old gateway holds ends no earlier than the engine replica serving it would."""
+    return max(drain_timeout_s(pool, role, t.slo, cfg.model.max_model_len)
+               for t in cfg.tiers.values() for role, pool in (("prefill", t.prefill), ("decode", t.decode)))
+
+
+def gateway_options(cfg: ClusterConfig) -> dict:
+    # Room for every tier's admitted and queued requests (router/admission.py), plus probes.
+    admitted = sum(t.admission.max_running + t.admission.max_queued for t in cfg.tiers.values())
+    ongoing = max(1000, admitted + 100)
+    return {
+        "num_replicas": cfg.gateway.replicas, "max_ongoing_requests": ongoing, "max_queued_requests": ongoing,
+        # Surge: the new gateway listens (SO_REUSEPORT, same port) before the old one stops, so
+        # the port always has a listener. It reserves no CPU (router/gateway.py), so it always fits.
+        "max_surge_percent": 100,
+        # Serve force-kills a replica past this: it must outlast the gateway's own drain.
+        "graceful_shutdown_timeout_s": gateway_drain_s(cfg) + GATEWAY_SHUTDOWN_MARGIN_S,
+    }
 
 
 def max_queued_requests(admission: AdmissionConfig) -> int:
@@ -101,12 +139,8 @@ def build_app(cfg: ClusterConfig, engine_cls: Optional["EngineFactory"] = None) 
                         decode=bound(DecodeWorker, tier, "decode", t.decode))
         for tier, t in cfg.tiers.items()
     }
-    # Room for every tier's admitted and queued requests (router/admission.py), plus probes.
-    admitted = sum(t.admission.max_running + t.admission.max_queued for t in cfg.tiers.values())
-    ongoing = max(1000, admitted + 100)
     gateway = Gateway if cfg.gateway.ingress == "direct" else ServeIngressGateway
-    return gateway.options(num_replicas=cfg.gateway.replicas, max_ongoing_requests=ongoing,
-                           max_queued_requests=ongoing).bind(cfg, pools)
+    return gateway.options(**gateway_options(cfg)).bind(cfg, pools, gateway_drain_s(cfg))
 
 
 def proxy_location(cfg: ClusterConfig) -> str:

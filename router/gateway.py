@@ -51,10 +51,12 @@ class GatewayReplica:
     """What every gateway replica holds, whichever ingress serves its HTTP app."""
 
     tracing: Optional[Tracing] = None  # observability.tracing (None: off)
+    # How long a removed replica's open HTTP streams may still run (cluster/app.py gateway_drain_s).
+    drain_s: float = 5.0
 
-    def __init__(self, cfg: ClusterConfig, pools: dict[str, TierPools]):
+    def __init__(self, cfg: ClusterConfig, pools: dict[str, TierPools], drain_s: float = 5.0):
         bind_replica_grpc_on_node_address()  # loopback on a local cluster (cluster/serve_patch.py)
-        self.cfg = cfg
+        self.cfg, self.drain_s = cfg, drain_s
         default_engine = cfg.tiers[cfg.default_tier].decode.engine
         # `vllm serve`'s own arguments for this model: its renderer, parsers and defaults.
         self.args = vllm_server_args(
@@ -127,17 +129,20 @@ class Gateway(GatewayReplica):
     """`gateway.ingress: direct`: the replica serves HTTP itself (router/openai/server.py);
     Serve runs no HTTP proxy. Serve awaits an async __init__ on the replica's event loop."""
 
-    async def __init__(self, cfg: ClusterConfig, pools: dict[str, TierPools]):  # type: ignore[misc]
-        super().__init__(cfg, pools)
+    async def __init__(self, cfg: ClusterConfig, pools: dict[str, TierPools],  # type: ignore[misc]
+                       drain_s: float = 5.0):
+        super().__init__(cfg, pools, drain_s)
         await _refuse_beside_serve_proxy()
         self.server = await GatewayServer.start(await self.build_http_app(), cfg.gateway.host, cfg.gateway.port)
 
     async def __del__(self):
         """Serve's teardown, awaited by Serve on replica shutdown (ray/serve/_private/replica.py
-        accepts an async __del__): the listening socket first, so no new request arrives."""
+        accepts an async __del__): the listening socket first, so no new request arrives, then
+        the open streams run to their end or the drain deadline (a redeploy's old gateway: its
+        replacement already listens on the same port, cluster/app.py gateway_options)."""
         server = getattr(self, "server", None)
         if server is not None:
-            await server.stop()
+            await server.stop(drain_s=self.drain_s)
         await self.close()
 
 

@@ -208,6 +208,13 @@ class PoolConfig(_Strict):
                                 "still running at the deadline continue on another replica (migration). None: a decode "
                                 "pool waits for the tier's longest answer (model.max_model_len tokens at slo.itl_s, at "
                                 "least 20 s); a prefill pool 20 s.")
+    max_surge_percent: Optional[int] = Field(
+        None, ge=0, le=100, description="A redeploy's replacement order (Serve's max_surge_percent): extra replicas, as a "
+                                        "percentage of the pool's count, started before the old ones drain (100: every "
+                                        "new replica up first; 0: Serve's stop-first, the pool short of the replicas being "
+                                        "replaced meanwhile). A surge needs room for the extra replicas' Ray resources, or "
+                                        "the rollout waits for it without end (the old replicas keep serving). None: 100 "
+                                        "when a replica reserves no CPU, GPU or placement resource, else 0.")
 
 
 class SLOConfig(_Strict):

@@ -17,7 +17,10 @@ X-Request-Id (or the one the edge made up), so an operator finds a request by th
 
 Lifecycle: `start` once on the replica's event loop (it returns when the socket listens, or
 raises naming the address); `stop` on teardown (idempotent): stops accepting, lets open
-streams finish for up to `drain_s`, then closes what is left.
+streams finish for up to `drain_s`, then closes what is left. In a redeploy the new replica
+already listens on the port (cluster/app.py gateway_options: surge), so closing this listener
+leaves the port served; a connection the kernel had queued on this socket but not yet handed
+to it is reset then, unless `net.ipv4.tcp_migrate_req` is 1 (docs/operations.md, Upgrades).
 """
 
 from __future__ import annotations

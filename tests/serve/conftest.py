@@ -14,8 +14,9 @@ tests ahead of the others (a stable sort: the others keep their order). `make te
 each folder in its own pytest process (unit, serve, integration); the sort is for a bare
 `pytest`. Within the folder, the test that scales the prefill pool (`scales_prefill`) and the
 one that starts its own Ray (`own_ray`) run last, in that order; every test here is marked
-`serve` here, not per file. The test that kills decode replicas (`replaces_decode`) and the one
-that scales decode down and back (`drains_decode`) run before both.
+`serve` here, not per file. The test that kills decode replicas (`replaces_decode`), the one
+that scales decode down and back (`drains_decode`) and the one that redeploys the graph with a
+changed config, replacing every replica (`redeploys`), run before both, in that order.
 
 Start-up, on 2 cores (most of this folder's time): `serve_session` imports the app's modules
 (vLLM's OpenAI server, ~9 s of CPU) in a thread while Ray and Serve start (mostly waiting on
@@ -38,7 +39,7 @@ from tests.support.serve_graph import AUTOSCALING_LOG, ServeGraph, free_port, se
 
 HERE = Path(__file__).resolve().parent
 # The other tests count on one prefill replica; the benchmark's Ray should overlap this folder's least.
-LAST = ("replaces_decode", "drains_decode", "scales_prefill", "own_ray")
+LAST = ("replaces_decode", "drains_decode", "redeploys", "scales_prefill", "own_ray")
 
 
 def pytest_collection_modifyitems(config, items):
@@ -141,6 +142,12 @@ def replaces_decode() -> None:
 @pytest.fixture
 def drains_decode() -> None:
     """Used by a test that scales the decode pool down (and back): after the tests counting on both."""
+
+
+@pytest.fixture
+def redeploys() -> None:
+    """Used by a test that redeploys the graph (every replica replaced; the config it leaves
+    differs in a field no test reads): after the tests above, before the prefill scaling one."""
 
 
 @pytest.fixture

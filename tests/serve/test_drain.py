@@ -10,51 +10,18 @@ after its streams ended. Then the pool goes back to 2 for the tests after this o
 
 from __future__ import annotations
 
-import json
-import threading
 import time
 
-import httpx
 import pytest
 
 from cluster.engine.fake import fake_tokens
 from tests.support.closed_loop import running_replicas, wait_for
-from tests.support.serve_graph import DECODE_REPLICAS, MODEL_NAME, migrations_continued, replica_stats
+from tests.support.serve_graph import DECODE_REPLICAS, Stream, migrations_continued, replica_stats
 
 DECODE = "interactive-decode"
 TOKEN_S = 0.05
 MAX_TOKENS = 160  # 8 s per stream: the scale-down lands in the middle of every one
 MAX_STREAMS = 6
-
-
-class Stream(threading.Thread):
-    def __init__(self, graph, prompt: list[int]) -> None:
-        super().__init__(daemon=True)
-        self.graph, self.prompt = graph, prompt
-        self.texts: list[str] = []
-        self.times: list[float] = []
-        self.finish = None
-        self.error = None
-
-    def run(self) -> None:
-        body = {"model": MODEL_NAME, "prompt": self.prompt, "max_tokens": MAX_TOKENS, "temperature": 0,
-                "stream": True, "vllm_xargs": {"fake_token_s": TOKEN_S}}
-        try:
-            with httpx.stream("POST", f"{self.graph.url}/v1/completions", json=body, timeout=120) as r:
-                assert r.status_code == 200, r.status_code
-                for line in r.iter_lines():
-                    if not line.startswith("data: {"):
-                        continue
-                    chunk = json.loads(line[6:])
-                    if "error" in chunk:
-                        self.error = chunk["error"]
-                    for choice in chunk.get("choices", ()):
-                        if choice["text"]:
-                            self.texts.append(choice["text"])
-                            self.times.append(time.monotonic())
-                        self.finish = choice.get("finish_reason") or self.finish
-        except Exception as exc:  # noqa: BLE001 - reported by the test
-            self.error = repr(exc)
 
 
 def _set_decode_replicas(n: int) -> None:
@@ -82,7 +49,7 @@ def test_a_removed_decode_replica_finishes_its_streams_before_it_stops(graph):
     # Streams until both replicas have one: the one Serve removes must be draining something.
     while len(streams) < MAX_STREAMS:
         prompt = [11 + len(streams), 42, 99, 7, 250, 31, 64, 12, 88, 140, 23, 5, 77, 190, 46, 61]
-        streams.append(Stream(graph, prompt))
+        streams.append(Stream(graph, prompt, MAX_TOKENS, TOKEN_S))
         streams[-1].start()
         wait_for("the stream's first tokens", lambda: len(streams[-1].texts) >= 3 or streams[-1].error, 30, 0.05)
         if len(streams) >= 2 and all(n >= 1 for n in _running_on_each_replica().values()):

@@ -4,7 +4,9 @@ its replicas. The fixtures that start and stop it are in tests/serve/conftest.py
 
 from __future__ import annotations
 
+import json
 import socket
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -87,3 +89,41 @@ def replica_stats(pool: str, replicas: int) -> dict:
         if len(seen) == replicas:
             return seen
     raise AssertionError(f"heard from {sorted(seen)} only, expected {replicas} replicas of {pool}")
+
+
+class Stream(threading.Thread):
+    """One streamed greedy completion through the gateway, on a connection of its own (or the
+    given client's): each chunk's text and when it came, the finish reason, and what went wrong
+    (an error event, a status other than 200, a broken connection) instead of raising."""
+
+    def __init__(self, graph: ServeGraph, prompt: list[int], max_tokens: int, token_s: float, client=None) -> None:
+        super().__init__(daemon=True)
+        self.graph, self.prompt, self.max_tokens, self.token_s = graph, prompt, max_tokens, token_s
+        self.client = client  # an httpx.Client: its open connection (None: a new one)
+        self.texts: list[str] = []
+        self.times: list[float] = []
+        self.finish = None
+        self.error = None
+
+    def run(self) -> None:
+        import httpx
+
+        body = {"model": MODEL_NAME, "prompt": self.prompt, "max_tokens": self.max_tokens, "temperature": 0,
+                "stream": True, "vllm_xargs": {"fake_token_s": self.token_s}}
+        try:
+            send = httpx.stream if self.client is None else self.client.stream
+            with send("POST", f"{self.graph.url}/v1/completions", json=body, timeout=120) as r:
+                assert r.status_code == 200, r.status_code
+                for line in r.iter_lines():
+                    if not line.startswith("data: {"):
+                        continue
+                    chunk = json.loads(line[6:])
+                    if "error" in chunk:
+                        self.error = chunk["error"]
+                    for choice in chunk.get("choices", ()):
+                        if choice["text"]:
+                            self.texts.append(choice["text"])
+                            self.times.append(time.monotonic())
+                        self.finish = choice.get("finish_reason") or self.finish
+        except Exception as exc:  # noqa: BLE001 - reported by the test
+            self.error = repr(exc)

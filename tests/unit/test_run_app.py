@@ -59,6 +59,14 @@ def test_past_the_deadline_the_app_is_deleted_and_the_stuck_deployments_named(fa
     assert fake_serve["delete"] == ["app"]
 
 
+def test_a_redeploy_past_its_deadline_leaves_the_app_to_serve(fake_serve):
+    """A redeploy (take_down_on_timeout False): the old replicas not yet replaced still serve."""
+    fake_serve["answers"] = [_app(ApplicationStatus.DEPLOYING)]
+    with pytest.raises(TimeoutError, match=r"not redeployed by its deadline.*starting: Gateway.*keep serving"):
+        run_app(object(), "app", time.monotonic() - 1, lambda _: None, take_down_on_timeout=False)
+    assert fake_serve["delete"] == []
+
+
 def test_unchanged_states_are_said_again_only_every_heartbeat(fake_serve, monkeypatch):
     clock = iter(range(0, 1000, 5))  # every status poll is 5 s later (run_app reads the clock once a poll)
     monkeypatch.setattr("cluster.local.time", SimpleNamespace(monotonic=lambda: float(next(clock)), sleep=lambda s: None))

@@ -20,7 +20,8 @@ import pytest
 from tests.conftest import TEST_STATE
 from tests.support.direct_vllm import direct_vllm_url  # noqa: F401  (vLLM reference server, issue 15)
 from tests.support.integration_cluster import (NODE_RESOURCES, METRICS_PORTS, OTLP_PORT, RAY_PORT, RAY_TOKEN,
-                                               DASHBOARD_AGENT_PORT_WORKER, integration_config, ray_cli)
+                                               DASHBOARD_AGENT_PORT_WORKER, integration_config,
+                                               make_lora_adapters, ray_cli)
 from tests.support.otlp_receiver import OtlpReceiver
 
 HERE = Path(__file__).resolve().parent
@@ -76,6 +77,7 @@ def otlp_receiver():
 def cluster(tiny_model_dir, ray_address, otlp_receiver):
     from cluster.local import LocalCluster
 
+    make_lora_adapters(tiny_model_dir)
     local = LocalCluster(integration_config(tiny_model_dir, ray_address), cache_dir=TEST_STATE / "cache",
                          ray_token=RAY_TOKEN)
     local.start(ready_timeout_s=600)

@@ -100,6 +100,9 @@ def _stop(proc: subprocess.Popen) -> None:
 
 
 def _start(model_dir: Path, log_path: Path) -> subprocess.Popen:
+    from tests.support.integration_cluster import make_lora_adapters
+
+    make_lora_adapters(model_dir)  # it serves the cluster's adapters
     with open(log_path, "wb") as log:
         # Its own process group, so stopping it reaches the children it spawns.
         return subprocess.Popen(direct_vllm_command(model_dir), env=direct_vllm_environment(),

@@ -73,10 +73,15 @@ LORA_SEEDS = {"tiny-lora-a": 1, "tiny-lora-b": 2}
 
 
 def lora_adapters(model_dir: Path) -> dict[str, str]:
+    """name → folder; written by make_lora_adapters before the cluster or the direct server starts."""
+    return {name: str(TEST_STATE / "models" / name) for name in LORA_SEEDS}
+
+
+def make_lora_adapters(model_dir: Path) -> None:
     from cluster.models.lora import make_lora_adapter
 
-    return {name: str(make_lora_adapter(model_dir, TEST_STATE / "models" / name, seed=seed))
-            for name, seed in LORA_SEEDS.items()}
+    for name, seed in LORA_SEEDS.items():
+        make_lora_adapter(model_dir, Path(lora_adapters(model_dir)[name]), seed=seed)
 
 
 def integration_config(model_dir: Path, ray_address: str | None = None):

@@ -24,6 +24,9 @@ def test_command_mirrors_the_integration_engines():
     assert _flag(cmd, "--tool-call-parser") == "hermes"
     assert {"--enforce-eager", "--enable-auto-tool-choice"} <= set(cmd)
     assert (_flag(cmd, "--host"), _flag(cmd, "--port")) == ("127.0.0.1", "8791")
+    # The cluster's LoRA adapters, as vLLM's own flags (model.lora_adapters).
+    assert "--enable-lora" in cmd and (_flag(cmd, "--max-loras"), _flag(cmd, "--max-lora-rank")) == ("2", "8")
+    assert [a.split("=")[0] for a in cmd[cmd.index("--lora-modules") + 1:]] == ["tiny-lora-a", "tiny-lora-b"]
 
 
 def test_environment_pins_one_core_and_a_test_cache():

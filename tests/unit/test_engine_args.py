@@ -21,9 +21,9 @@ from cluster.engine.vllm import engine_args
 VLLM_NAMED = {
     "model": {"path": "/m", "max_model_len": 1024},
     "tiers": {"interactive": {
-        "prefill": {"engine": {"kv_cache_memory_bytes": "512M", "max_num_seqs": 8, "enable_lora": True,
-                               "max_loras": 2, "max_num_batched_tokens": "2k", "kv_cache_dtype": "auto"}},
-        "decode": {"engine": {"kv_cache_memory_bytes": None, "gpu_memory_utilization": 0.5, "enable_lora": True,
+        "prefill": {"engine": {"kv_cache_memory_bytes": "512M", "max_num_seqs": 8, "disable_cascade_attn": True,
+                               "max_logprobs": 2, "max_num_batched_tokens": "2k", "kv_cache_dtype": "auto"}},
+        "decode": {"engine": {"kv_cache_memory_bytes": None, "gpu_memory_utilization": 0.5, "disable_cascade_attn": True,
                               "speculative_config": {"method": "ngram", "num_speculative_tokens": 3,
                                                      "prompt_lookup_max": 3},
                               "structured_outputs_config": {"backend": "xgrammar", "disable_any_whitespace": True},
@@ -49,13 +49,13 @@ def test_check_config_accepts_vllm_names(tmp_path, capsys):
     assert code == 0, err
     engines = json.loads(out)["tiers"]["interactive"]
     assert engines["prefill"]["engine"]["kv_cache_memory_bytes"] == 512 << 20
-    assert engines["prefill"]["engine"]["enable_lora"] is True
+    assert engines["prefill"]["engine"]["disable_cascade_attn"] is True
     assert engines["decode"]["engine"]["gpu_memory_utilization"] == 0.5
 
 
 @pytest.mark.parametrize("typo, suggestion", [
     ("max_num_seq", "max_num_seqs"), ("gpu_memory_utilisation", "gpu_memory_utilization"),
-    ("enable-lora", "enable_lora"), ("cpu_nicenes", "cpu_niceness"), ("kv_cache_bytes", "kv_cache_memory_bytes"),
+    ("disable-cascade-attn", "disable_cascade_attn"), ("cpu_nicenes", "cpu_niceness"), ("kv_cache_bytes", "kv_cache_memory_bytes"),
 ])
 def test_a_typo_is_refused_naming_the_closest_name(tmp_path, capsys, typo, suggestion):
     code, _, err = _check_config(tmp_path, _with_engine("decode", **{typo: 1}), capsys)
@@ -66,7 +66,7 @@ def test_a_typo_is_refused_naming_the_closest_name(tmp_path, capsys, typo, sugge
 
 @pytest.mark.parametrize("key, value, says", [
     ("kv_cache_dtype", "int3", "invalid choice"),
-    ("max_loras", "many", "invalid int value"),
+    ("max_logprobs", "many", "invalid int value"),
     ("structured_outputs_config", {"backend": "bogus"}, "backend"),
     ("structured_outputs_config", {"disable_any_whitespace": True}, "only supported for xgrammar and guidance"),
 ])
@@ -78,7 +78,7 @@ def test_vllm_refuses_a_bad_value_naming_pool_and_key(tmp_path, capsys, key, val
 
 def test_every_problem_in_one_message(tmp_path, capsys):
     config = {"model": {"path": "/m"}, "tiers": {"interactive": {"prefill": {"engine": {"max_num_seq": 1}},
-                                                                   "decode": {"engine": {"max_loras": "x"}}}}}
+                                                                   "decode": {"engine": {"max_logprobs": "x"}}}}}
     code, _, err = _check_config(tmp_path, config, capsys)
     assert code == 2 and "(2 problems)" in err
 
@@ -112,7 +112,7 @@ def test_pass_through_reaches_the_engine_args_the_engine_is_built_with():
     assert (prefill.model, prefill.served_model_name, prefill.dtype, prefill.max_model_len) == ("/m", ["m"], "float32",
                                                                                                   1024)
     assert prefill.kv_cache_memory_bytes == 512 << 20 and prefill.max_num_batched_tokens == 2000
-    assert (prefill.enable_lora, prefill.max_loras, prefill.max_num_seqs) == (True, 2, 8)
+    assert (prefill.disable_cascade_attn, prefill.max_logprobs, prefill.max_num_seqs) == (True, 2, 8)
     assert prefill.reasoning_parser == "qwen3"
     # tandem's defaults where it differs from vLLM, and vLLM's own for what is unset.
     assert prefill.enforce_eager is True and prefill.enable_prefix_caching is True
@@ -133,7 +133,7 @@ def test_engine_start_names_the_pool_of_a_bad_key():
 
 
 @pytest.mark.parametrize("settings", [
-    {"enable_lora": True, "enforce_eager": False, "aggregate_engine_logging": False},
+    {"disable_cascade_attn": True, "enforce_eager": False, "aggregate_engine_logging": False},
     {"cudagraph_capture_sizes": [1, 2, 4], "max_num_batched_tokens": "8k", "kv_cache_memory_bytes": "1G"},
     {"speculative_config": {"method": "ngram", "num_speculative_tokens": 2}, "gpu_memory_utilization": 0.7},
 ])

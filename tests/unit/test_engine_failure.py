@@ -52,7 +52,8 @@ def test_generate_raises_what_engine_failure_says() -> None:
 
     engine = object.__new__(VLLMEngine)
     engine._llm = _FailingLLM()
-    request = SimpleNamespace(request_id="r3", prompt_token_ids=(1, 2, 3), cache_salt=None, traceparent=None)
+    request = SimpleNamespace(request_id="r3", prompt_token_ids=(1, 2, 3), cache_salt=None, traceparent=None,
+                              adapter=None)
 
     async def drain() -> None:
         async for _ in engine._generate(request, params=None):

@@ -51,8 +51,8 @@ def test_every_config_field_is_in_the_schema():
      "at '/cluster/tiers/interactive/prefill/engine': additional properties 'kv_cache_byte' not allowed"),
     ({"cluster": {"tiers": {"interactive": {"decode": {"engine": {"max_num_seq": 8}}}}}},
      "additional properties 'max_num_seq' not allowed"),
-    ({"cluster": {"tiers": {"interactive": {"decode": {"engine": {"enable_lora": "yes"}}}}}},
-     "at '/cluster/tiers/interactive/decode/engine/enable_lora'"),
+    ({"cluster": {"tiers": {"interactive": {"decode": {"engine": {"disable_cascade_attn": "yes"}}}}}},
+     "at '/cluster/tiers/interactive/decode/engine/disable_cascade_attn'"),
     ({"cluster": {"kv_transfer": {"buffer_devise": "cpu"}}}, "additional properties 'buffer_devise' not allowed"),
     ({"cluster": {"kv_transfer": {"buffer_device": "gpu"}}}, "at '/cluster/kv_transfer/buffer_device'"),
     ({"cluster": {"routing": {"picker": "best"}}}, "at '/cluster/routing/picker'"),
@@ -68,5 +68,5 @@ def test_a_mistake_under_cluster_fails_lint_naming_it(values, named):
 def test_hub_ids_and_sizes_lint_clean():
     values = {"cluster": {"model": {"path": "HuggingFaceTB/SmolLM2-135M-Instruct", "name": "smol"},
                           "tiers": {"interactive": {"prefill": {"engine": {"kv_cache_memory_bytes": "4G"}},
-                                                    "decode": {"engine": {"kv_cache_memory_bytes": "512M", "enable_lora": True}}}}}}
+                                                    "decode": {"engine": {"kv_cache_memory_bytes": "512M", "disable_cascade_attn": True}}}}}}
     assert lint_errors(values) == []

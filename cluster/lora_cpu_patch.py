@@ -9,6 +9,11 @@ shares a step with adapter requests is computed with an adapter's delta: wrong t
 depending on what else the engine is running (measured: the tiny Llama's greedy "The sky is"
 alone and in a batch with two adapters' requests differ; vllm-project/vllm PR #48421, open).
 
+A second fault of the same ops: computing a request's prompt logprobs, vLLM's LoRA logits layer
+passes one index per sampled request for a row per prompt token, and the op fails on the
+shapes (the engine dies: seen in CI with prompt_logprobs batched beside other requests);
+`rows_indices` gives every row an index.
+
 The fix keeps vLLM's own ops and uses that they are linear in their input: the rows of
 tokens without an adapter are zeroed before the op runs (their delta is then exactly 0, added
 or assigned) and their index clamped to a valid slot. Loaded through tandem's vLLM plugin
@@ -39,6 +44,8 @@ def skipping_no_lora_tokens(op: Callable[..., Any]) -> Callable[..., Any]:
 
     @functools.wraps(op)
     def patched(inputs: Any, weights: Any, output: Any, indices: Any, *args: Any, **kwargs: Any) -> Any:
+        if indices.shape[0] < inputs.shape[0]:
+            indices = rows_indices(indices, inputs.shape[0])
         no_lora = indices[: inputs.shape[0]] < 0
         if bool(no_lora.any()):
             inputs = inputs.clone()
@@ -48,6 +55,20 @@ def skipping_no_lora_tokens(op: Callable[..., Any]) -> Callable[..., Any]:
 
     patched._tandem_skips_no_lora = True  # type: ignore[attr-defined]
     return patched
+
+
+def rows_indices(indices: Any, rows: int) -> Any:
+    """One index per input row where vLLM gave fewer: its LoRA logits layer passes one index per
+    sampled request (`sampler_indices`) while computing a request's prompt logprobs, a row per
+    prompt token, and its CPU op then fails (einsum shapes), killing the engine. When every
+    request of the step runs the same adapter (or none) that index is right for every row;
+    otherwise the rows get none: the logits delta of an adapter that trains `lm_head` is left out
+    of such prompt logprobs (an adapter of attention and MLP layers has no logits delta at all)."""
+    import torch
+
+    same = indices.numel() > 0 and bool((indices == indices[0]).all())
+    fill = int(indices[0]) if same else -1
+    return torch.full((rows,), fill, dtype=indices.dtype, device=indices.device)
 
 
 def apply() -> None:

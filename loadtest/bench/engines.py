@@ -56,6 +56,10 @@ class DirectEngineSpec:
     on_gpu: bool = False
     max_num_seqs: Optional[int] = None
     max_num_batched_tokens: Optional[int] = None
+    # model.lora_adapters, served as `--enable-lora --lora-modules` (name, path) with its limits.
+    lora_modules: tuple[tuple[str, str], ...] = ()
+    max_loras: int = 1
+    max_lora_rank: int = 16
 
     @classmethod
     def like_tandem(cls, cfg: "ClusterConfig", port: int) -> "DirectEngineSpec":
@@ -71,7 +75,9 @@ class DirectEngineSpec:
                    kv_cache_memory_bytes=tier.prefill.engine.kv_cache_memory_bytes, port=port, on_gpu=gpu,
                    devices="0" if gpu else (tier.prefill.cpu_binding or ("0",))[0],
                    max_num_seqs=tier.prefill.engine.max_num_seqs,
-                   max_num_batched_tokens=tier.prefill.engine.max_num_batched_tokens)
+                   max_num_batched_tokens=tier.prefill.engine.max_num_batched_tokens,
+                   lora_modules=tuple(cfg.model.lora_adapters.items()), max_loras=cfg.model.max_loras,
+                   max_lora_rank=cfg.model.max_lora_rank)
 
     @property
     def url(self) -> str:
@@ -88,6 +94,9 @@ class DirectEngineSpec:
             cmd += ["--max-num-batched-tokens", str(self.max_num_batched_tokens)]
         if self.on_gpu and "," in self.devices:
             cmd += ["--tensor-parallel-size", str(len(self.devices.split(",")))]
+        if self.lora_modules:
+            cmd += ["--enable-lora", "--max-loras", str(self.max_loras), "--max-lora-rank", str(self.max_lora_rank),
+                    "--lora-modules", *(f"{name}={path}" for name, path in self.lora_modules)]
         return cmd
 
     def environment(self) -> dict[str, str]:
@@ -96,6 +105,8 @@ class DirectEngineSpec:
             env["CUDA_VISIBLE_DEVICES"] = self.devices
         else:
             env["VLLM_CPU_OMP_THREADS_BIND"] = self.devices
+            if self.lora_modules:  # as tandem's CPU engines: vLLM's CPU LoRA ops fixed (cluster/lora_cpu_patch.py)
+                env["TANDEM_LORA_CPU_PATCH"] = "1"
         return env
 
 

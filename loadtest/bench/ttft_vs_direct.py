@@ -36,6 +36,7 @@ from cluster.config import ClusterConfig
 from cluster.hardware import cpu_flags, engine_dtype
 
 RESULTS = Path(__file__).resolve().parent / "results"
+BENCH_ADAPTER = "bench-lora"  # --adapter's name
 DIRECT_PORT = 8100
 
 
@@ -107,12 +108,12 @@ def run_cluster(cfg: ClusterConfig, cases: dict, args) -> dict:
     try:
         out["cold_start_to_ready_s"] = round(time.monotonic() - t0, 1)
         out["memory_pss_mib"] = replica_memory_mib()
-        for name, batch in cases.items():
-            print(f"[bench] tandem cluster, {name} prompt ({len(batch[0])} tokens)", flush=True)
-            measure(cluster.url, cfg.model.served_name, name, batch[:args.warmup], args.max_tokens, args.warmup)
+        for name, (batch, model) in cases.items():
+            print(f"[bench] tandem cluster, {name} prompt ({len(batch[0])} tokens, model {model})", flush=True)
+            measure(cluster.url, model, name, batch[:args.warmup], args.max_tokens, args.warmup)
             time.sleep(1)  # the warm-up's transfer stats reach the engine's metrics
             before = decode_stats(cfg)
-            result = measure(cluster.url, cfg.model.served_name, name, batch[args.warmup:], args.max_tokens, 0)
+            result = measure(cluster.url, model, name, batch[args.warmup:], args.max_tokens, 0)
             time.sleep(1)
             after = decode_stats(cfg)
             transfers = after.kv_transfers - before.kv_transfers
@@ -139,9 +140,9 @@ def run_direct(cfg: ClusterConfig, cases: dict, args) -> dict:
     with DirectEngines([spec]) as engines:
         out["cold_start_to_ready_s"] = round(engines.cold_start_s, 1)
         out["memory_pss_mib"] = round(tree_pss_mib(psutil.Process(engines.procs[0].pid)), 1)
-        for name, batch in cases.items():
-            print(f"[bench] direct engine, {name} prompt ({len(batch[0])} tokens)", flush=True)
-            out[name] = measure(spec.url, cfg.model.served_name, name, batch, args.max_tokens, args.warmup)
+        for name, (batch, model) in cases.items():
+            print(f"[bench] direct engine, {name} prompt ({len(batch[0])} tokens, model {model})", flush=True)
+            out[name] = measure(spec.url, model, name, batch, args.max_tokens, args.warmup)
     return out
 
 
@@ -169,6 +170,9 @@ def main() -> int:
     parser.add_argument("--max-tokens", type=int, default=32)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument("--adapter", action="store_true",
+                        help="also measure each prompt through a LoRA adapter (seeded, rank 8, written for the model) "
+                             "on both sides: the adapter's cost beside the base model's")
     args = parser.parse_args()
     full = ClusterConfig.load(args.config)
     tier = full.tiers[full.default_tier]
@@ -178,8 +182,17 @@ def main() -> int:
     cfg = full.model_copy(update={"tiers": {full.default_tier: tier},
                                   "model": full.model.model_copy(update={"dtype": dtype})})
     n = args.warmup + args.requests
-    cases = {"short": prompts("short", args.short_prompt, n, args.seed),
-             "long": prompts("long", args.long_prompt, n, args.seed)}
+    base = cfg.model.served_name
+    cases = {"short": (prompts("short", args.short_prompt, n, args.seed), base),
+             "long": (prompts("long", args.long_prompt, n, args.seed), base)}
+    if args.adapter:
+        from cluster.models.lora import make_lora_adapter
+
+        path = make_lora_adapter(cfg.model.path, cfg.model.path.parent / f"{base}-lora-bench", seed=0, rank=8)
+        cfg = cfg.model_copy(update={"model": cfg.model.model_copy(update={
+            "lora_adapters": {BENCH_ADAPTER: str(path)}, "max_loras": 1, "max_lora_rank": 8})})
+        for name in ("short", "long"):  # their own prompts: nothing from the base runs' prefix cache
+            cases[f"{name}-lora"] = (prompts(f"{name}-lora", len(cases[name][0][0]), n, args.seed), BENCH_ADAPTER)
 
     tandem = run_cluster(cfg, cases, args)
     direct = run_direct(cfg, cases, args)
@@ -195,10 +208,16 @@ def main() -> int:
         "tandem": tandem, "direct_vllm": direct,
         "overhead": {name: overhead(tandem[name], direct[name]) for name in cases},
     }
+    if args.adapter:  # the adapter's TTFT and ITL over the base model's, per side
+        result["adapter_cost"] = {
+            side: {name: {"ttft_p50_ratio": round(res[f"{name}-lora"]["ttft"]["p50_ms"] / res[name]["ttft"]["p50_ms"], 3),
+                          "itl_p50_ratio": round(res[f"{name}-lora"]["itl"]["p50_ms"] / res[name]["itl"]["p50_ms"], 3)}
+                   for name in ("short", "long")}
+            for side, res in (("tandem", tandem), ("direct_vllm", direct))}
     args.out.mkdir(parents=True, exist_ok=True)
-    path = args.out / "ttft_vs_direct.json"
+    path = args.out / ("ttft_vs_direct-lora.json" if args.adapter else "ttft_vs_direct.json")
     path.write_text(json.dumps(result, indent=2))
-    print(json.dumps(result["overhead"], indent=2))
+    print(json.dumps({k: result[k] for k in ("overhead", "adapter_cost") if k in result}, indent=2))
     for side, res in (("tandem", tandem), ("direct", direct)):
         print(f"{side}: " + ", ".join(f"{name} TTFT p50 {res[name]['ttft']['p50_ms']} ms ITL p50 "
                                        f"{res[name]['itl']['p50_ms']} ms" for name in cases)

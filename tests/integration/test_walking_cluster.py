@@ -12,7 +12,9 @@ import httpx
 import pytest
 
 from loadtest.measure.sse import DONE, payload
-from tests.support.integration_cluster import MODEL_NAME
+from tests.support.integration_cluster import LORA_SEEDS, MODEL_NAME
+
+SERVED = [MODEL_NAME, *LORA_SEEDS]  # the base model, then its LoRA adapters, as vLLM lists them
 from tests.support.kv_checks import assert_prompt_kv_moved
 
 
@@ -116,7 +118,7 @@ def test_kv_cache_really_moves_over_nixl(base_url):
 
 def test_models_and_health(base_url):
     models = httpx.get(f"{base_url}/v1/models", timeout=30).json()
-    assert [m["id"] for m in models["data"]] == [MODEL_NAME]
+    assert [m["id"] for m in models["data"]] == SERVED
     health = httpx.get(f"{base_url}/health", timeout=30)
     assert health.status_code == 200
     pools = health.json()["pools"]
@@ -128,7 +130,7 @@ def test_openai_sdk_works_unchanged(base_url):
     from openai import OpenAI
 
     client = OpenAI(base_url=f"{base_url}/v1", api_key="unused", max_retries=0, timeout=120)
-    assert [m.id for m in client.models.list()] == [MODEL_NAME]
+    assert [m.id for m in client.models.list()] == SERVED
 
     chat = client.chat.completions.create(
         model=MODEL_NAME, messages=[{"role": "user", "content": "Hello"}], max_tokens=8, temperature=0, seed=1

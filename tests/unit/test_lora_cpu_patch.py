@@ -62,3 +62,24 @@ def test_apply_patches_every_name_vllm_calls_once():
         for name in lora_cpu_patch.PATCHED_OPS:
             op = getattr(module, name)
             assert op._tandem_skips_no_lora and not getattr(op.__wrapped__, "_tandem_skips_no_lora", False)
+
+
+def test_prompt_logprobs_rows_get_an_index_instead_of_killing_the_engine():
+    """vLLM's LoRA logits layer gives one index per sampled request while computing one request's
+    prompt logprobs (a row per prompt token): vLLM's op fails on the shapes; patched it runs."""
+    from vllm.lora.ops.torch_ops import lora_ops
+
+    from cluster.lora_cpu_patch import rows_indices, skipping_no_lora_tokens
+
+    inputs, lora_a, _, _ = _slots()
+    prompt_rows = torch.cat([inputs, inputs])  # 6 prompt tokens, 2 requests sampled this step
+    vllms_own = getattr(lora_ops.bgmv_shrink, "__wrapped__", lora_ops.bgmv_shrink)
+    with pytest.raises(RuntimeError, match="einsum"):
+        vllms_own(prompt_rows, lora_a, torch.zeros(6, 4), torch.tensor([1, 1]), 1.0)
+    shrunk = torch.zeros(6, 4)
+    skipping_no_lora_tokens(vllms_own)(prompt_rows, lora_a, shrunk, torch.tensor([1, 1]), 1.0)
+    reference = torch.zeros(6, 4)
+    vllms_own(prompt_rows, lora_a, reference, torch.tensor([1] * 6), 1.0)
+    assert torch.equal(shrunk, reference)  # every request ran adapter 1: its index for every row
+    assert rows_indices(torch.tensor([0, 1]), 3).tolist() == [-1, -1, -1]  # mixed: no delta, no crash
+    assert rows_indices(torch.tensor([-1, -1]), 3).tolist() == [-1, -1, -1]

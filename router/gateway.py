@@ -114,6 +114,7 @@ class GatewayReplica:
             authenticate=self.auth.caller, health_probe=self.admission.health,
             max_body_bytes=gw.max_body_bytes, body_read_timeout_s=gw.body_read_timeout_s,
             health_interval_s=gw.health_interval_s, allowed_hosts=gw.resolved_allowed_hosts(),
+            ready_wait_s=gw.ready_wait_s, max_ready_waiters=gw.max_ready_waiters,
         )
         app = HttpMetricsMiddleware(app)
         return app if self.tracing is None else TracingEdge(app, self.tracing)

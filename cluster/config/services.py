@@ -91,6 +91,12 @@ class GatewayConfig(_Strict):
                                                                "a slow sender must not hold a gateway slot.")
     health_interval_s: float = Field(1.0, ge=0, description="/health probes the engines at most once per interval, "
                                                             "whatever the call rate (/livez probes nothing).")
+    ready_wait_s: float = Field(
+        120.0, ge=0, description="A request arriving before every pool is ready (a cold start; a redeploy that "
+                                 "replaces a pool's only replica stop-first) waits up to this for them, then gets 503 "
+                                 "model_loading with Retry-After. Cover an engine's load time. 0: 503 at once.")
+    max_ready_waiters: int = Field(256, ge=0, description="Requests waiting for readiness at once, per gateway "
+                                                          "replica; beyond: 503 model_loading at once.")
     decode_first_token_timeout_s: Optional[float] = Field(
         None, gt=0, description="A decode hop with no first token within this is refused (429) instead of "
                                 "holding its admission place. None (the default): no deadline, as `vllm serve` "

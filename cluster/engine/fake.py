@@ -27,7 +27,7 @@ Behaviour:
   tells which replica did what.
 - Knobs (FakeKnobs): latency (start, prefill, per token) and failures (prefill raises, pull
   fails, engine dead, the replica's process dies mid-stream). Engine-wide from the constructor (functools.partial(FakeEngine,
-  knobs=...) as the app's engine_cls), or per request from the request's
+  knobs=...) or FakeEngines(knobs, prefill_knobs) as the app's engine_cls), or per request from the request's
   SamplingParams.extra_args (`vllm_xargs` in an OpenAI request) under the names in KNOB_ARGS.
 - Steps: streams of one token pace advance together, one step per pace interval (StepClock),
   as a GPU engine's running batch does.
@@ -62,6 +62,7 @@ RECENT = 1000  # request ids kept per list in stats
 @dataclass(frozen=True)
 class FakeKnobs:
     start_s: float = 0.0  # start() takes this long
+    start_until: float = 0.0  # and returns no earlier than this time.time(): a load that ends at a set moment
     prefill_s: float = 0.0  # each prefill takes this long
     token_s: float = 0.0  # the gap between generated tokens
     fail_prefill: bool = False  # prefill raises (a broken prefill pool, as the gateway sees it)
@@ -74,7 +75,7 @@ class FakeKnobs:
 
 
 # vllm_xargs name → knob: e.g. {"vllm_xargs": {"fake_fail_prefill": 1, "fake_token_s": 0.05}}.
-KNOB_ARGS = {f"fake_{f.name}": f.name for f in dataclasses.fields(FakeKnobs) if f.name not in ("start_s", "dead")}
+KNOB_ARGS = {f"fake_{f.name}": f.name for f in dataclasses.fields(FakeKnobs) if f.name not in ("start_s", "start_until", "dead")}
 
 
 @dataclass(frozen=True)
@@ -190,6 +191,19 @@ class StepClock:
                 step.set_result(None)
 
 
+@dataclass(frozen=True)
+class FakeEngines:
+    """An app's engine factory (build_app's engine_cls): FakeEngines with `knobs`, the prefill
+    pool's with `prefill_knobs` where given (a pool whose engines load slowly, as vLLM's do)."""
+
+    knobs: FakeKnobs = FakeKnobs()
+    prefill_knobs: Optional[FakeKnobs] = None
+
+    def __call__(self, spec: EngineSpec) -> "FakeEngine":
+        prefill = spec.kv_role == "kv_producer"
+        return FakeEngine(spec, self.prefill_knobs if prefill and self.prefill_knobs else self.knobs)
+
+
 class FakeEngine(Engine):
     def __init__(self, spec: EngineSpec, knobs: FakeKnobs = FakeKnobs()):
         super().__init__(spec)
@@ -207,7 +221,7 @@ class FakeEngine(Engine):
     # -- lifecycle -------------------------------------------------------------------------
 
     def start(self) -> EngineInfo:
-        time.sleep(self.knobs.start_s)
+        time.sleep(max(self.knobs.start_s, self.knobs.start_until - time.time()))
         block = self.spec.engine.block_size or 16
         if self.spec.kv_events_host is not None:
             self._kv_events = _KVEvents(self.spec.kv_events_host, block)

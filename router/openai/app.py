@@ -70,10 +70,13 @@ async def build_openai_app(
     body_read_timeout_s: float = 10.0,
     health_interval_s: float = 1.0,
     allowed_hosts: Optional[Sequence[str]] = None,
+    ready_wait_s: float = 0.0,
+    max_ready_waiters: int = 0,
 ) -> Any:
     """vLLM's FastAPI app for `args`, its state bound to `engine_client`, behind tandem's edge.
     `authenticate`: headers → Caller (raises OpenAIError to refuse); `health_probe`: async () →
-    {"ready": bool, ...}; `allowed_hosts`: the Host values answered (None: no check)."""
+    {"ready": bool, ...}; `allowed_hosts`: the Host values answered (None: no check);
+    `ready_wait_s`, `max_ready_waiters`: requests before readiness wait (0: 503 at once)."""
     from vllm.entrypoints.launchers.api_server.app_state import init_app_state
     from vllm.entrypoints.launchers.app import build_app
 
@@ -83,7 +86,8 @@ async def build_openai_app(
     # Wrapped, not add_middleware: vLLM's app has built its middleware stack already.
     edge: Any = TandemEdge(app, authenticate=authenticate,
                            health=HealthCache(health_probe, health_interval_s), max_body_bytes=max_body_bytes,
-                           body_read_timeout_s=body_read_timeout_s)
+                           body_read_timeout_s=body_read_timeout_s, ready_wait_s=ready_wait_s,
+                           max_ready_waiters=max_ready_waiters)
     if allowed_hosts is not None:
         edge = HostAllowList(edge, allowed=tuple(allowed_hosts))
     return edge

@@ -6,9 +6,11 @@ happens here, in this order, before vLLM sees the request:
 1. `/livez` (this process answers) and `/health` (every pool ready; one probe per
    `health_interval_s` whatever the call rate) are answered here; vLLM's engine-control and
    metrics routes are not served (NOT_SERVED).
-2. Readiness: until every pool has answered once, the API answers 503 (vLLM's server does not
-   answer before its engine is up; clients that wait on /v1/models must not send into a
-   loading cluster).
+2. Readiness: until every pool has answered once, a request waits for it, up to
+   `ready_wait_s` and `max_ready_waiters` at a time (vLLM queues rather than refuses; a
+   redeploy that replaces a tier's only replica stop-first leaves the new gateway without a
+   ready pool for as long as an engine takes to load), then 503 `model_loading` with
+   Retry-After. /health stays 503 meanwhile, so a load balancer sends nothing here.
 3. Authentication, once: API key → tenant → tier and cache salt (router/auth.py) on every route
    but the open ones; the rate limits read the tenant found here.
 4. The body: at most `max_body_bytes` (413), within `body_read_timeout_s` (408), valid UTF-8
@@ -26,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import time
 import uuid
 from typing import Callable, Mapping, Optional
 
@@ -33,6 +36,7 @@ from starlette.datastructures import Headers, MutableHeaders
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from cluster.metrics import Counter, Histogram
 from router.openai.bounds import MAX_JSON_DEPTH, body_bound_error, param_of, too_deep
 from router.openai.context import CURRENT, Caller, RequestContext
 from router.openai.errors import REQUEST_ID_HEADER, OpenAIError, bad_request, malformed_json, payload_too_large
@@ -48,6 +52,13 @@ OPEN_PATHS = frozenset({"/health", "/livez", "/ping", "/version", "/docs", "/doc
 NOT_SERVED = frozenset({"/metrics", "/scale_elastic_ep", "/is_scaling_elastic_ep", "/kv_event_sources",
                         "/v1/systemone"})
 _OFF_LOOP_BYTES = 64 * 1024  # bodies beyond this are decoded and checked in a thread
+_READY_POLL_S = 0.25  # a waiter's floor between readiness looks (the health cache bounds the probes)
+
+READY_WAITS = Counter(
+    "tandem_ready_waits", "Requests that arrived before every pool was ready, by how their wait ended: "
+    "served (ready in time), timed_out or full (503 model_loading), off (ready_wait_s 0: 503 at once).", ["result"])
+READY_WAIT_SECONDS = Histogram("tandem_ready_wait_seconds",
+                               "How long a request waited for the pools to be ready (served or timed out).")
 
 
 def request_timeout(timeout_s: float) -> OpenAIError:
@@ -80,15 +91,22 @@ def check_body(body: bytes) -> None:
 
 class TandemEdge:
     def __init__(self, app: ASGIApp, *, authenticate: Callable[[Mapping[str, str]], Caller],
-                 health: HealthCache, max_body_bytes: int, body_read_timeout_s: float) -> None:
+                 health: HealthCache, max_body_bytes: int, body_read_timeout_s: float,
+                 ready_wait_s: float = 0.0, max_ready_waiters: int = 0) -> None:
         """`authenticate`: headers → the Caller (tier, tenant, cache salt), raising OpenAIError
-        (401/403/400) to refuse; called once per request, and nothing checks the key again."""
+        (401/403/400) to refuse; called once per request, and nothing checks the key again.
+        `ready_wait_s`, `max_ready_waiters`: how long and how many requests wait for readiness
+        (0: 503 at once)."""
         self.app = app
         self.authenticate = authenticate
         self.health = health
         self.max_body_bytes = max_body_bytes
         self.body_read_timeout_s = body_read_timeout_s
         self.ready_once = False
+        self.ready_wait_s = ready_wait_s
+        self.max_ready_waiters = max_ready_waiters
+        self.ready_waiters = 0
+        self._ready_poll_s = max(health.interval_s, _READY_POLL_S)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -141,14 +159,31 @@ class TandemEdge:
                           "not_ready", details=info)
 
     async def _check_ready(self) -> None:
-        if self.ready_once:
+        if self.ready_once or await self._ready_now():
             return
-        info = await self.health.get()
-        if info.get("ready") is True:
+        if self.ready_wait_s <= 0 or self.ready_waiters >= self.max_ready_waiters:
+            READY_WAITS.labels(result="off" if self.ready_wait_s <= 0 else "full").inc()
+            raise _model_loading(0.0)
+        # Bounded in time and in number: a waiter holds a connection, not yet its body.
+        self.ready_waiters += 1
+        started = time.monotonic()
+        deadline = started + self.ready_wait_s
+        try:
+            while time.monotonic() < deadline:
+                await asyncio.sleep(min(self._ready_poll_s, max(deadline - time.monotonic(), 0.0)))
+                if await self._ready_now():
+                    READY_WAITS.labels(result="served").inc()
+                    return
+        finally:
+            self.ready_waiters -= 1
+            READY_WAIT_SECONDS.observe(time.monotonic() - started)
+        READY_WAITS.labels(result="timed_out").inc()
+        raise _model_loading(self.ready_wait_s)
+
+    async def _ready_now(self) -> bool:
+        if not self.ready_once and (await self.health.get()).get("ready") is True:
             self.ready_once = True
-            return
-        raise OpenAIError(503, "The model is still loading; retry shortly (GET /health turns 200 when ready).",
-                          "service_unavailable", None, "model_loading", headers={"Retry-After": "5"})
+        return self.ready_once
 
     async def _read_body(self, scope: Scope, receive: Receive, headers: Headers) -> Receive:
         """Read and check a POST body; a `receive` that replays it to vLLM."""
@@ -188,6 +223,12 @@ class TandemEdge:
                 raise payload_too_large(self.max_body_bytes)
             if not message.get("more_body", False):
                 return body, None
+
+
+def _model_loading(waited_s: float) -> OpenAIError:
+    waited = f" (waited {waited_s:g} s)" if waited_s > 0 else ""
+    return OpenAIError(503, f"The model is still loading{waited}; retry shortly (GET /health turns 200 when ready).",
+                       "service_unavailable", None, "model_loading", headers={"Retry-After": "5"})
 
 
 def _with_request_id(send: Send, request_id: str) -> Send:

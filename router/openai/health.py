@@ -29,6 +29,10 @@ class HealthCache:
         self._inflight: Optional[asyncio.Task] = None
         self.probes = 0  # how many probes ran (tests, and a sanity check on the interval)
 
+    @property
+    def interval_s(self) -> float:
+        return self._interval_s
+
     async def get(self) -> dict[str, Any]:
         """The latest readiness answer, probing only when the cached one is older than the interval."""
         if self._answer is not None and self._clock() - self._answered_at < self._interval_s:

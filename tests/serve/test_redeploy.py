@@ -152,3 +152,78 @@ def test_a_redeploy_under_load_replaces_every_replica_and_loses_no_request(graph
           f"{long_sent_at - started:.1f} s, the last ending at {max(s.times[-1] for s in long) - started:.1f} s); "
           f"{len(short)} short streams ({len(during)} begun during the redeploy): 0 failed, every one whole; "
           f"longest token gap {max(gaps) * 1000:.0f} ms (tokens every 50 / 20 ms); most replicas at once {seen}")
+
+
+# The new prefill engine loads until this long after the redeploy began: after the new gateway
+# runs (~15 s here), as a vLLM engine's load outlasts a gateway's start. A set moment, not a
+# duration: the replica stops first, and its successor's start time varies.
+PREFILL_LOADED_AFTER_S = 30.0
+
+
+@pytest.mark.usefixtures("redeploys")
+def test_a_redeploy_that_replaces_the_only_prefill_replica_stop_first_keeps_requests_waiting(graph):
+    """A pool that cannot surge (its replicas reserve the CPUs a second one would need; here
+    `max_surge_percent: 0`) is replaced stop-first: its only replica stops before the new one
+    loads. Requests reaching the new gateway meanwhile wait for readiness (gateway.ready_wait_s)
+    instead of a 503; those on the old gateway fall back to recomputing on decode. Runs after the
+    surge test above; prefill replicas started later (scaling up) load at once."""
+    from cluster.app import build_app
+    from cluster.engine.fake import FakeEngines, FakeKnobs
+    from cluster.local import run_app
+    from cluster.types import APP_NAME
+    from tests.support.integration_cluster import metric
+
+    metrics_url = f"http://127.0.0.1:{graph.cfg.ray.metrics_export_port}/metrics"
+    tier = graph.cfg.tiers["interactive"]
+    changed = graph.cfg.model_copy(update={
+        "gateway": graph.cfg.gateway.model_copy(update={"body_read_timeout_s": 12.0}),
+        "tiers": {"interactive": tier.model_copy(update={
+            "prefill": tier.prefill.model_copy(update={"max_surge_percent": 0})})}})
+    started_at = time.time()
+    slow_prefill = FakeKnobs(start_until=started_at + PREFILL_LOADED_AFTER_S)
+    app = build_app(changed, engine_cls=FakeEngines(prefill_knobs=slow_prefill))
+
+    import httpx
+
+    served_before = metric("ray_tandem_ready_waits_total", httpx.get(metrics_url, timeout=30).text,
+                           result="served")
+    stop = threading.Event()
+    arrivals = [Arrivals(graph, i, stop) for i in range(ARRIVALS)]
+    for a in arrivals:
+        a.start()
+    started = time.monotonic()
+    deploy = threading.Thread(target=run_app, args=(app, APP_NAME, started + 120),
+                              kwargs={"progress": lambda line: None, "external_scaler": True,
+                                      "take_down_on_timeout": False}, daemon=True)
+    deploy.start()
+    timeline: list[tuple[float, object]] = []  # replica states and /health, as they change
+    while deploy.is_alive() or not all(set(states) == {"RUNNING"} for states in _replicas().values()):
+        try:
+            health = httpx.get(f"{graph.url}/health", timeout=10).status_code
+        except httpx.HTTPError as exc:
+            health = type(exc).__name__
+        now = (_replicas(), health)
+        if not timeline or timeline[-1][1] != now:
+            timeline.append((round(time.monotonic() - started, 1), now))
+        assert time.monotonic() - started < 120, f"redeploy not done in 120 s: {timeline}"
+        time.sleep(0.2)
+    redeploy_s = time.monotonic() - started
+    time.sleep(1.0)
+    stop.set()
+    for a in arrivals:
+        a.join(timeout=60)
+
+    short = [s for a in arrivals for s in a.done]
+    failed = [s for s in short if not _whole(s, graph.vocab_size)]
+    assert not failed, [(s.error, len(s.texts), s.finish) for s in failed]
+    # Requests did reach the new gateway before its prefill pool was back, and waited, served.
+    def waits(result: str) -> float:
+        return metric("ray_tandem_ready_waits_total", httpx.get(metrics_url, timeout=30).text, result=result)
+
+    ttft = sorted((round(s.sent_at - started, 1), round(s.times[0] - s.sent_at, 2)) for s in short if s.times)
+    wait_for(f"a request that waited for readiness, counted (timeline {timeline}, sent at / TTFT {ttft})",
+             lambda: waits("served") > served_before, 30)
+    waited = waits("served")
+    assert waits("timed_out") + waits("full") == 0
+    print(f"\n[redeploy stop-first] {redeploy_s:.1f} s, the new prefill loaded {PREFILL_LOADED_AFTER_S:g} s after it began; {len(short)} short "
+          f"streams, 0 failed; {waited - served_before:.0f} waited for readiness; TTFT max {max(t for _, t in ttft):.1f} s")

@@ -104,10 +104,12 @@ class Stream(threading.Thread):
         self.times: list[float] = []
         self.finish = None
         self.error = None
+        self.sent_at = 0.0
 
     def run(self) -> None:
         import httpx
 
+        self.sent_at = time.monotonic()
         body = {"model": MODEL_NAME, "prompt": self.prompt, "max_tokens": self.max_tokens, "temperature": 0,
                 "stream": True, "vllm_xargs": {"fake_token_s": self.token_s}}
         try:

@@ -181,3 +181,52 @@ def test_host_allow_list_covers_every_path_but_probes(path) -> None:
     client, _ = make_client(allowed_hosts=("localhost",))
     assert client.get(path, headers={"host": "localhost:8000"}).status_code == 200
     assert client.get(path, headers={"host": "evil.example"}).status_code == 421
+
+
+# -- readiness: a request before every pool is ready waits for it (bounded), then 503 ----------
+
+def test_a_request_before_readiness_waits_for_it_and_is_served() -> None:
+    backend = FakeBackend()
+    backend.ready = False
+    app = edge_app(backend, ready_wait_s=10, max_ready_waiters=4)
+
+    async def main():
+        edge = await app.built()
+        waiting = asyncio.create_task(call(app, "/v1/completions", completion()))
+        await asyncio.sleep(0.6)
+        waiters_meanwhile = edge.ready_waiters
+        health = await call(app, "/health")
+        backend.ready = True  # the replacement pool answered
+        return await waiting, waiters_meanwhile, health[0], edge.ready_waiters
+
+    (status, body, seconds), waiters_meanwhile, health_status, waiters_after = asyncio.run(main())
+    assert status == 200, body
+    assert seconds >= 0.6  # it waited rather than got a 503
+    assert waiters_meanwhile == 1 and health_status == 503  # /health says not ready meanwhile
+    assert waiters_after == 0  # the waiter's place is given back
+
+
+def test_the_wait_for_readiness_is_bounded_in_time_and_in_number() -> None:
+    backend = FakeBackend()
+    backend.ready = False
+    app = edge_app(backend, ready_wait_s=0.8, max_ready_waiters=1)
+
+    async def main():
+        edge = await app.built()
+        first = asyncio.create_task(call(app, "/v1/completions", completion()))
+        await asyncio.sleep(0.1)
+        second = await call(app, "/v1/completions", completion())  # no place left: 503 at once
+        return await first, second, edge.ready_waiters
+
+    (status, body, seconds), (full_status, full_body, full_seconds), waiters_after = asyncio.run(main())
+    assert status == 503 and 0.8 <= seconds < 2.0, (status, seconds)
+    error = json.loads(body)["error"]
+    assert error["code"] == "model_loading" and "waited 0.8 s" in error["message"]
+    assert full_status == 503 and full_seconds < 0.3
+    assert json.loads(full_body)["error"]["code"] == "model_loading"
+    assert waiters_after == 0
+
+
+def test_the_gateway_config_waits_for_readiness_by_default() -> None:
+    gateway = GatewayConfig()
+    assert gateway.ready_wait_s >= 60 and gateway.max_ready_waiters > 0  # an engine's load, not a 503

@@ -23,7 +23,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 import httpx
 import psutil
@@ -156,6 +156,36 @@ def summarize(args: argparse.Namespace, records: list[dict], redeploy_from: floa
     }
 
 
+def plot(result: dict[str, Any], path: Path) -> Optional[Path]:
+    """Each request's TTFT against when it was sent, failed ones marked, the redeploy shaded;
+    None when matplotlib is missing (the JSON holds every figure)."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    fig, ax = plt.subplots(figsize=(9, 4))
+    window = result["redeploy"]
+    ax.axvspan(window["from_s"], window["to_s"], color="0.9", label="tandem redeploy running")
+    for failed, style in ((False, dict(marker="o", color="tab:blue", label="answered")),
+                          (True, dict(marker="x", color="tab:red", label="failed"))):
+        points = [(r["sent_s"], (r["ttft_ms"] or 0) / 1000) for r in result["records"]
+                  if bool(r["error"] or r["status"] != 200) == failed]
+        if points:
+            ax.scatter(*zip(*points), s=18, **style)
+    ax.set_xlabel("request sent (s into the load)")
+    ax.set_ylabel("TTFT (s)")
+    ax.set_title(f"{result['requests']} requests, {result['failed']} failed: {result['workload']['clients']} "
+                 f"clients through a redeploy ({result['model']})", fontsize=10)
+    ax.legend(loc="upper left", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--config", type=Path, default=Path("cluster/configs/local.yaml"))
@@ -170,6 +200,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="tandem-redeploy-") as tmp:
         result = asyncio.run(run(args, Path(tmp)))
     args.out.write_text(json.dumps(result, indent=1) + "\n")
+    plot(result, args.out.with_suffix(".png"))
     print(f"[redeploy] {result['requests']} requests, {result['failed']} failed "
           f"({result['sent_during_redeploy']['requests']} sent during the {result['redeploy']['seconds']} s redeploy, "
           f"{result['sent_during_redeploy']['failed']} of them failed; their TTFT max "

@@ -39,15 +39,22 @@ TANDEM = [sys.executable, "-m", "cluster.cli"]
 PROMPT_TOKENS = 32
 
 
-def write_configs(config: Path, model_path: str, folder: Path) -> tuple[Path, Path, dict]:
-    """The config as given (model path overridden if asked) and the same with
-    gateway.body_read_timeout_s one second longer: a change every deployment restarts for."""
+def resolved_config(config: Path, model_path: str = "") -> dict:
+    """The config's YAML with model.path absolute (relative paths are the config folder's), or
+    `model_path` where given: the copies written elsewhere must find the model."""
     cfg = yaml.safe_load(config.read_text())
     model = cfg.setdefault("model", {})
     if model_path:
         model["path"] = model_path
-    elif model.get("path") and not Path(model["path"]).is_absolute():  # relative to the config's folder
+    elif model.get("path") and not Path(model["path"]).is_absolute():
         model["path"] = str((config.parent / model["path"]).resolve())
+    return cfg
+
+
+def write_configs(config: Path, model_path: str, folder: Path) -> tuple[Path, Path, dict]:
+    """The config as given (model path resolved) and the same with gateway.body_read_timeout_s
+    one second longer: a change every deployment restarts for."""
+    cfg = resolved_config(config, model_path)
     before, after = folder / "before.yaml", folder / "after.yaml"
     before.write_text(yaml.safe_dump(cfg))
     gateway = cfg.setdefault("gateway", {})

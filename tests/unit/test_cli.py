@@ -18,6 +18,7 @@ def test_check_config_prints_the_resolved_config(capsys):
                                    "decode_streams": "per_step", "replicas": 1,
                                    "max_body_bytes": 4 << 20,
                                    "body_read_timeout_s": 10.0, "health_interval_s": 1.0,
+                                   "ready_wait_s": 120.0, "max_ready_waiters": 256,
                                    "decode_first_token_timeout_s": None, "allowed_hosts": None}
 
 

@@ -148,3 +148,9 @@ def test_a_hop_in_flight_makes_its_replica_hold_the_adapter_before_any_report():
         other = asyncio.run(router.route(request("g0", GERMAN), "interactive"))
         assert other.decode.worker.replica_id != chosen and other.decode.scores["lora"] == LORA_ROOM
     assert all(not x.loras for x in router.workers("interactive", "decode"))  # released with the hop
+
+
+def test_a_yaml_lora_weight_wins_even_zero():
+    cfg = ClusterConfig.model_validate({"model": {"path": "/m", "lora_adapters": {"french": "/a/french"}},
+                                        "routing": {"weights": {"prefix": 1.0, "lora": 0.0}}})
+    assert routing_weights(cfg) == {"prefix": 1.0, "lora": 0.0}  # switched off on purpose

@@ -72,6 +72,11 @@ class RoutingStats:
     step_n: Optional[int] = None  # over this many gaps
     kv_events: Optional[str] = None  # the engine's KV-event endpoint
     kv_replay: Optional[str] = None  # and its replay endpoint
+    # LoRA (only an engine serving adapters reports these): the adapters it holds or is about to
+    # (vLLM's running and waiting adapters, vllm:lora_requests_info's labels, with those resident
+    # in its adapter cache), sorted; and how many it holds at once (vLLM's max_loras).
+    loras: Optional[tuple[str, ...]] = None
+    max_loras: Optional[int] = None
 
     def to_dict(self) -> dict[str, Any]:
         """The dict Serve carries: unset (None) fields left out, so an idle replica's report
@@ -90,4 +95,8 @@ class RoutingStats:
                 known[key] = kind(known[key])
         if "step_s" in known:
             known["step_s"] = float(known["step_s"])
+        if "loras" in known:
+            known["loras"] = tuple(str(name) for name in known["loras"])
+        if "max_loras" in known:
+            known["max_loras"] = int(known["max_loras"])
         return cls(**known)

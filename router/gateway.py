@@ -88,7 +88,7 @@ class GatewayReplica:
         # Bounded queue per tier in front of the pools: 429 with Retry-After beyond it.
         self.admission = AdmissionControl(self.backend, {tier: t.admission for tier, t in cfg.tiers.items()})
         # Outermost, so TTFT includes the admission queue and 429s count as outcomes.
-        self.measured = MeasuredBackend(self.admission)
+        self.measured = MeasuredBackend(self.admission, cfg.model.lora_adapters)
         # observability.tracing: this process's tracer (None when off: nothing below traces).
         self.tracing = Tracing.from_config(cfg.observability.tracing, "gateway")
         traced = instrument_gateway(self.tracing, backend=self.backend, router=self.router,
@@ -97,7 +97,7 @@ class GatewayReplica:
         rate_limit = self.rate_limits.hook() if self.rate_limits.active else None
         self.engine_client = PDEngineClient(vllm_config, traced, cfg.default_tier,
                                             rate_limit=rate_limit)
-        declare_series(list(cfg.tiers))
+        declare_series(list(cfg.tiers), list(cfg.model.lora_adapters))
 
     async def check_health(self) -> None:
         """Serve's health probe, the first call made on the replica's event loop: it starts

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import TYPE_CHECKING, Any, AsyncIterator, Optional, Sequence
+from typing import TYPE_CHECKING, Any, AsyncIterator, Collection, Optional, Sequence
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -40,12 +40,34 @@ ITL_SECONDS = Histogram("tandem_itl_seconds", "Inter-token latency: the gap betw
 E2E_SECONDS = Histogram("tandem_e2e_seconds", "End-to-end latency of finished requests.", ["tier"])
 PROMPT_TOKENS = Counter("tandem_prompt_tokens", "Prompt tokens of admitted requests.", ["tier"])
 OUTPUT_TOKENS = Counter("tandem_output_tokens", "Tokens streamed to clients.", ["tier"])
+# By LoRA adapter (model.lora_adapters; recorded only when adapters are configured): beside the
+# per-tier series rather than a label on them, so a config without LoRA exports exactly what it
+# did, and the per-token cost grows only where adapters are served. The `adapter` label is a
+# configured name or "base" (adapter_label): a bounded set.
+ADAPTER_REQUESTS = Counter("tandem_adapter_requests", "Generation requests by tier, LoRA adapter (or base) and "
+                           "outcome, as tandem_requests.", ["tier", "adapter", "outcome"])
+ADAPTER_TTFT_SECONDS = Histogram("tandem_adapter_ttft_seconds", "Time to first token by LoRA adapter (or base), "
+                                 "as tandem_ttft_seconds.", ["tier", "adapter"])
+ADAPTER_PROMPT_TOKENS = Counter("tandem_adapter_prompt_tokens", "Prompt tokens of admitted requests by LoRA "
+                                "adapter (or base).", ["tier", "adapter"])
+ADAPTER_OUTPUT_TOKENS = Counter("tandem_adapter_output_tokens", "Tokens streamed to clients by LoRA adapter (or "
+                                "base).", ["tier", "adapter"])
+BASE = "base"
+OTHER_ADAPTER = "other"  # an adapter not in the config (none reach here today: they get a 404 at the edge)
 
 
 OUTCOMES = ("ok", "error", "cancelled", "rejected_429")
 
 
-def declare_series(tiers: Sequence[str]) -> None:
+def adapter_label(request: EngineRequest, adapters: Collection[str]) -> str:
+    """The `adapter` label of a request (pure): its adapter's name when configured, "base" without
+    one; any other name is "other", so a client's choice of name never makes a new series."""
+    if request.adapter is None:
+        return BASE
+    return request.adapter.name if request.adapter.name in adapters else OTHER_ADAPTER
+
+
+def declare_series(tiers: Sequence[str], adapters: Collection[str] = ()) -> None:
     """Create the gateway's per-tier counters at 0, so rates and alerts read 0 before the first
     event instead of "no data" (the observability test checks every used name is exported)."""
     from router import admission
@@ -56,6 +78,8 @@ def declare_series(tiers: Sequence[str]) -> None:
     for tier in tiers:
         for outcome in OUTCOMES:
             REQUESTS.labels(tier=tier, outcome=outcome).inc(0)
+            for adapter in (BASE, *adapters) if adapters else ():
+                ADAPTER_REQUESTS.labels(tier=tier, adapter=adapter, outcome=outcome).inc(0)
         for path, reason in (("disaggregated", ""), ("decode_only", ""), ("router_error", ""),
                              ("fallback_recompute", "prefill_error"), ("fallback_recompute", "prefill_timeout"),
                              ("fallback_recompute", "bad_handoff")):
@@ -95,11 +119,13 @@ def outcome_of(exc: Optional[BaseException], finish_reason: Optional[str]) -> st
 class MeasuredBackend:
     """An OpenAIBackend that records per-request metrics around another one."""
 
-    def __init__(self, backend: Backend):
+    def __init__(self, backend: Backend, adapters: Collection[str] = ()):
         self.backend = backend
+        self.adapters = frozenset(adapters)  # model.lora_adapters' names; empty: no per-adapter series
 
     async def generate(self, request: EngineRequest) -> AsyncIterator[RequestOutput]:
         tier = request.tier
+        adapter = adapter_label(request, self.adapters) if self.adapters else None
         started = last = time.perf_counter()
         first = True
         finish: Optional[str] = None
@@ -112,6 +138,9 @@ class MeasuredBackend:
                     if first:
                         TTFT_SECONDS.labels(tier=tier).observe(now - started)
                         PROMPT_TOKENS.labels(tier=tier).inc(len(request.prompt_token_ids))
+                        if adapter is not None:
+                            ADAPTER_TTFT_SECONDS.labels(tier=tier, adapter=adapter).observe(now - started)
+                            ADAPTER_PROMPT_TOKENS.labels(tier=tier, adapter=adapter).inc(len(request.prompt_token_ids))
                         first = False
                         tokens_after_first = tokens - 1
                     else:
@@ -122,6 +151,8 @@ class MeasuredBackend:
                         for _ in range(tokens_after_first):
                             ITL_SECONDS.labels(tier=tier).observe(gap)
                     OUTPUT_TOKENS.labels(tier=tier).inc(tokens)
+                    if adapter is not None:
+                        ADAPTER_OUTPUT_TOKENS.labels(tier=tier, adapter=adapter).inc(tokens)
                     last = now
                 finish = finish_reason(chunk) or finish
                 yield chunk
@@ -131,6 +162,8 @@ class MeasuredBackend:
         finally:
             outcome = outcome_of(failure, finish)
             REQUESTS.labels(tier=tier, outcome=outcome).inc()
+            if adapter is not None:
+                ADAPTER_REQUESTS.labels(tier=tier, adapter=adapter, outcome=outcome).inc()
             if outcome == "ok":
                 E2E_SECONDS.labels(tier=tier).observe(time.perf_counter() - started)
 

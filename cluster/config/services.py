@@ -209,10 +209,13 @@ class RoutingIndexConfig(_Strict):
 class RoutingConfig(_Strict):
     """KV-aware routing (router/routing/): filter → score → pick, weights as data."""
 
-    weights: dict[Literal["prefix", "load", "kv_usage"], float] = Field(
+    weights: dict[Literal["prefix", "load", "kv_usage", "lora"], float] = Field(
         {"prefix": 1.0, "load": 0.5, "kv_usage": 0.1},
         description="Scorer weights; scores are in [0, 1]. prefix: share of the prompt cached on the worker; load: "
-                    "free request slots; kv_usage: free KV cache. Weight 0 switches a scorer off.")
+                    "free request slots; kv_usage: free KV cache; lora: the request's LoRA adapter held (1), a "
+                    "free adapter slot (0.5) or a full engine that would evict one (0), base requests 1 "
+                    "everywhere; unset: 0.3 when model.lora_adapters is set, off without adapters. Weight 0 "
+                    "switches a scorer off.")
     picker: Literal["max_score", "round_robin", "random"] = Field(
         "max_score", description="max_score: highest weighted score, random tie-break. round_robin / random ignore "
                                  "the scores: baselines for benchmarks, not for production.")

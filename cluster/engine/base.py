@@ -47,6 +47,7 @@ from kv_transfer.handoff import EngineIdentity
 from kv_transfer.nixl import KVRole, NixlEndpoint
 
 if TYPE_CHECKING:
+    from cluster.engine.lora_state import LoraInfo
     from cluster.protocol import EngineRequest, PrefillResult
 
 
@@ -96,6 +97,9 @@ class LoraLimits:
 
     max_loras: int
     max_lora_rank: int
+    # The configured adapters in order: vLLM's serving code numbers them 1, 2, ... (their ids
+    # in the engine's adapter cache, lora_state.py).
+    adapters: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -172,6 +176,14 @@ class Engine(abc.ABC):
     @abc.abstractmethod
     def metrics(self) -> dict[tuple[str, Optional[str]], float]:
         """This engine's samples now, summed by (vLLM metric name, source label)."""
+
+    def lora_info(self) -> Optional["LoraInfo"]:
+        """vLLM's vllm:lora_requests_info now (lora_state.py); None: no LoRA, or not known."""
+        return None
+
+    async def resident_loras(self) -> Optional[set[int]]:
+        """The adapter ids in the engine's adapter cache (vLLM's list_loras); None: not known."""
+        return None
 
     def stats(self) -> EngineStats:
         """This engine's counters now, typed (one mapping for every engine: metrics.py)."""

@@ -16,18 +16,23 @@ wiring.
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import socket
 from typing import Any, Callable, Optional
 
 from cluster.autoscaling.signals import ReplicaSignals
 from cluster.config import ClusterConfig
 from cluster.engine.base import Engine, EngineInfo, EngineSpec, EngineTracing, LoraLimits
+from cluster.engine.lora_state import LoraResidency, lora_report
 from cluster.engine.metrics import ITL_COUNT, ITL_SUM, EngineMetricsExporter, EngineStats
 from cluster.engine.metrics import engine_stats as engine_stats_of
 from cluster.hardware import cpu_flags, engine_dtype, has_nvidia_gpu
 from cluster.tracing import Tracing
 from cluster.types import PoolId, RoutingStats
 from kv_transfer.nixl import KVRole, claim_side_channel
+
+log = logging.getLogger(__name__)
 
 # What a deployment is given to make its engine: an Engine class (or any callable) from a spec.
 EngineFactory = Callable[[EngineSpec], Engine]
@@ -99,7 +104,8 @@ def build_engine_spec(cfg: ClusterConfig, tier: str, role: KVRole) -> EngineSpec
         config_key=f"tiers.{tier}.{pool_name}.engine",
         pool=PoolId(tier, pool_name),
         tracing=engine_tracing(cfg.observability.tracing),
-        lora=LoraLimits(cfg.model.max_loras, cfg.model.max_lora_rank) if cfg.model.lora_adapters else None,
+        lora=LoraLimits(cfg.model.max_loras, cfg.model.max_lora_rank, tuple(cfg.model.lora_adapters))
+        if cfg.model.lora_adapters else None,
     )
 
 
@@ -177,6 +183,7 @@ class EngineReplica:
                       kv_replay=events.replay_endpoint if events else None)
         if info.kv_role == "kv_producer":
             report["queued_prompt_tokens"] = self.signals.queued_prompt_tokens
+        report.update(self._lora_report())
         # Both roles: a prefill engine's gaps are those of the whole requests it streams.
         itl = (values.get(ITL_SUM, 0.0), values.get(ITL_COUNT, 0.0))
         gaps = itl[1] - self._itl_seen[1]
@@ -185,6 +192,40 @@ class EngineReplica:
             report["step_n"] = int(gaps)
         self._itl_seen = itl
         return RoutingStats(**report).to_dict()
+
+    _lora: Optional[LoraResidency] = None
+    _lora_refresh: Optional[asyncio.Task] = None
+
+    def _lora_report(self) -> dict:
+        """The routing stats' adapters (cluster/engine/lora_state.py): vLLM's gauge read now, and
+        its adapter cache as of the last refresh, which this report starts anew (an async call into
+        the EngineCore, so it serves the next report, ~1 s on). Nothing without LoRA."""
+        limits = self.engine.spec.lora
+        if limits is None:
+            return {}
+        if self._lora is None:
+            pool = "prefill" if self.info.kv_role == "kv_producer" else "decode"
+            tier = self.engine.spec.pool.tier if self.engine.spec.pool else ""
+            self._lora = LoraResidency({i + 1: name for i, name in enumerate(limits.adapters)},
+                                       {"tier": tier, "pool": pool, "replica": self.info.worker_id})
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # called off an event loop (unit use): the gauge alone
+            loop = None
+        if loop is not None and (self._lora_refresh is None or self._lora_refresh.done()):
+            self._lora_refresh = loop.create_task(self._refresh_loras())
+        return lora_report(self.engine.lora_info(), self._lora.resident, limits.max_loras)
+
+    async def _refresh_loras(self) -> None:
+        try:
+            ids = await asyncio.wait_for(self.engine.resident_loras(), 5.0)
+        except Exception:  # routing keeps the gauge's view; never fail a report over it
+            log.debug("adapter cache of %s not read", self.info.worker_id, exc_info=True)
+            return
+        if ids is not None and self._lora is not None:
+            gone = self._lora.observe(ids)
+            if gone:
+                log.info("%s evicted LoRA adapters %s", self.info.worker_id, sorted(gone))
 
     async def abort(self, request_id: str) -> None:
         await self.engine.abort(request_id)

@@ -292,6 +292,16 @@ class VLLMEngine(Engine):
     def metrics(self) -> Readings:
         return read_vllm_metrics()
 
+    def lora_info(self):
+        from cluster.engine.lora_state import read_lora_info
+
+        return read_lora_info() if self.spec.lora is not None else None
+
+    async def resident_loras(self) -> Optional[set[int]]:
+        if self.spec.lora is None or self._llm is None:
+            return None
+        return set(await self._llm.list_loras())
+
     def _cache_layout(self) -> CacheLayout:
         cache = self._llm.vllm_config.cache_config
         return CacheLayout(block_size=cache.block_size, hash_algo=cache.prefix_caching_hash_algo,

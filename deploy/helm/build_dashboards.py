@@ -251,7 +251,34 @@ def router() -> dict:
             target(f"sum by (tier) ({rate('ray_tandem_routing_decisions_total', TIER, INDEX_UNAVAILABLE)})",
                    "{{tier}} routed without the index"),
         ], "short", "The router fell back to load-only routing because the prefix index did not answer."),
+        *lora_panels(),
     ])
+
+
+def lora_panels() -> list[dict]:
+    """By LoRA adapter (model.lora_adapters; no data without adapters): `adapter` is a configured
+    name or "base"."""
+    by_adapter = "tier, adapter"
+    return [
+        panel("LoRA: requests by adapter", [
+            target(f"sum by (tier, adapter, outcome) ({rate('ray_tandem_adapter_requests_total')})",
+                   "{{tier}} {{adapter}} {{outcome}}")], "reqps", "Requests naming each adapter by `model`, and "
+                   "the base model's, by outcome.", stacked=True),
+        panel("LoRA: time to first token by adapter", [
+            target(quantile(q, "ray_tandem_adapter_ttft_seconds", by_adapter), f"{{{{tier}}}} {{{{adapter}}}} "
+                   f"p{round(q * 100)}") for q in (0.5, 0.95)], "s",
+              "As the client sees it; an adapter's prompt costs more compute than the base's."),
+        panel("LoRA: tokens per second by adapter", [
+            target(f"sum by ({by_adapter}) ({rate('ray_tandem_adapter_output_tokens_total')})",
+                   "{{tier}} {{adapter}} output"),
+            target(f"sum by ({by_adapter}) ({rate('ray_tandem_adapter_prompt_tokens_total')})",
+                   "{{tier}} {{adapter}} prompt"),
+        ], "short"),
+        panel("LoRA: adapters evicted", [
+            target(f"sum by (tier, pool) ({rate('ray_tandem_lora_evictions_total')})", "{{tier}} {{pool}}")],
+              "short", "Adapters vLLM dropped from an engine's adapter cache (model.max_loras) to load another; "
+                       "each costs a reload when it is named again. Seen once a second: a lower bound."),
+    ]
 
 
 DASHBOARDS = {"tandem-slo.json": slo, "tandem-pools.json": pools, "tandem-kv-transfer.json": kv_transfer,

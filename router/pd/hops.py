@@ -339,7 +339,8 @@ class Hops:
         hops = self._in_flight.setdefault(request.request_id, {})
         hops[pool] = hop
         try:
-            with self._pinned(pick, request.request_id, streams):
+            with self._pinned(pick, request.request_id, streams,
+                              None if request.adapter is None else request.adapter.name):
                 yield
         except (asyncio.CancelledError, GeneratorExit):
             if hops.get(pool) is hop:  # else `abort` has sent it already
@@ -351,10 +352,10 @@ class Hops:
             if not hops:
                 self._in_flight.pop(request.request_id, None)
 
-    def _pinned(self, pick: Optional[Pick], request_id: str, streams: bool = False):
+    def _pinned(self, pick: Optional[Pick], request_id: str, streams: bool = False, adapter: Optional[str] = None):
         if pick is None or self._router is None:
             return contextlib.nullcontext()
-        return self._router.dispatch(pick, request_id, streams)
+        return self._router.dispatch(pick, request_id, streams, adapter=adapter)
 
     def _first_token(self, request: EngineRequest) -> None:
         if self._router is not None:  # the prompt is no longer queued where it streams

@@ -10,7 +10,20 @@ from router.prefix_index import make_index
 from router.prefix_index.redis_index import tls_of
 from router.routing.decider import Objectives, PDDecider
 from router.routing.directory import pool_directory
+from router.routing.pipeline import LORA_DEFAULT_WEIGHT
 from router.routing.service import KVRouter
+
+
+def routing_weights(cfg: ClusterConfig) -> dict[str, float]:
+    """routing.weights, with the lora scorer's: its default (pipeline.LORA_DEFAULT_WEIGHT) when
+    adapters are configured and the YAML names none; none at all without adapters, so a config
+    without LoRA scores and picks exactly as before the scorer existed."""
+    weights = dict(cfg.routing.weights)
+    if not cfg.model.lora_adapters:
+        weights.pop("lora", None)
+    else:
+        weights.setdefault("lora", LORA_DEFAULT_WEIGHT)
+    return weights
 
 
 def kv_router_settings(cfg: ClusterConfig) -> dict[str, Any]:
@@ -27,7 +40,7 @@ def kv_router_settings(cfg: ClusterConfig) -> dict[str, Any]:
                        if t.prefill.engine.max_num_batched_tokens}
     decider = PDDecider(routing.decode_only_below_tokens, routing.disaggregation, routing.whole_on_prefill_max_tokens,
                         routing.whole_on_prefill_when_decode_full)
-    return dict(weights=routing.weights, decider=decider, picker=routing.picker, objectives=objectives,
+    return dict(weights=routing_weights(cfg), decider=decider, picker=routing.picker, objectives=objectives,
                 chunk_budgets=budgets, prefill_chunk_budgets=prefill_budgets)
 
 

@@ -7,11 +7,12 @@ are not computed yet, and the decider reads the larger of that and the engine's 
 
 A request's entries, in the order KVRouter (service.py) makes them:
 1. `expect(request_id, tokens)` at the decision: the uncached prompt tokens its hop will compute.
-2. `start(request_id, worker)` as its hop is sent: one more in flight there, and the expected
-   tokens count as queued there (timed, when nothing of this gateway's was queued ahead).
+2. `start(request_id, worker, adapter)` as its hop is sent: one more in flight there, and the
+   expected tokens count as queued there (timed, when nothing of this gateway's was queued
+   ahead); its LoRA adapter counts as held there (the engine loads it for the hop).
 3. `prompt_done(request_id, observe)` when the prompt is computed (a prefill hop returned, a
    streaming hop's first token) or the hop ended without it; once, later calls release nothing.
-4. `end(worker)` as the hop ends.
+4. `end(worker, adapter)` as the hop ends.
 
 After every request has ended, every map is empty (`leftovers()`), except the prompts done on a
 prefill replica within the last `stale_s`: that replica's report may still count them.
@@ -61,6 +62,9 @@ class LoadLedger:
         self._pending: dict[str, int] = {}  # request_id → uncached prompt tokens, until its hop starts
         self._prompts: dict[str, _QueuedPrompt] = {}  # request_id → its prompt queued on a replica, until done
         self._done: dict[str, collections.deque] = {}  # replica_id → (when, tokens) of its prompts done lately
+        # replica_id → adapter name → this gateway's hops with it there: the engine holds those
+        # adapters now, whatever its last report (a second old) says.
+        self._adapters: dict[str, dict[str, int]] = {}
 
     # -- what the decider reads ----------------------------------------------------------------
 
@@ -69,6 +73,10 @@ class LoadLedger:
 
     def queued_tokens(self, replica_id: str) -> int:
         return self._queued_tokens.get(replica_id, 0)
+
+    def adapters(self, replica_id: str) -> frozenset[str]:
+        """The LoRA adapters of this gateway's hops now on the replica."""
+        return frozenset(self._adapters.get(replica_id, ()))
 
     def recently_done(self, replica_id: str) -> int:
         """This gateway's prompt tokens done on the replica within `stale_s`: its last reported
@@ -90,8 +98,11 @@ class LoadLedger:
         while len(self._pending) > self._max_pending:
             self._pending.pop(next(iter(self._pending)))
 
-    def start(self, request_id: str, worker: Worker) -> None:
+    def start(self, request_id: str, worker: Worker, adapter: Optional[str] = None) -> None:
         self._in_flight[worker.replica_id] = self._in_flight.get(worker.replica_id, 0) + 1
+        if adapter is not None:
+            held = self._adapters.setdefault(worker.replica_id, {})
+            held[adapter] = held.get(adapter, 0) + 1
         tokens = self._pending.pop(request_id, None)
         if tokens is None:
             return
@@ -116,8 +127,13 @@ class LoadLedger:
             return None
         return PromptTimed(prompt.worker, prompt.tokens, self._timer() - prompt.started)
 
-    def end(self, worker: Worker) -> None:
+    def end(self, worker: Worker, adapter: Optional[str] = None) -> None:
         _release(self._in_flight, worker.replica_id, 1)
+        held = self._adapters.get(worker.replica_id)
+        if adapter is not None and held is not None:
+            _release(held, adapter, 1)
+            if not held:
+                del self._adapters[worker.replica_id]
 
     # -- the leak check -------------------------------------------------------------------------
 
@@ -127,7 +143,7 @@ class LoadLedger:
         for replica_id in list(self._done):
             self.recently_done(replica_id)
         maps = {"in_flight": self._in_flight, "queued_tokens": self._queued_tokens, "pending": self._pending,
-                "prompts": self._prompts, "done": self._done}
+                "prompts": self._prompts, "done": self._done, "adapters": self._adapters}
         return {name: len(entries) for name, entries in maps.items() if entries}
 
 

@@ -2,7 +2,7 @@
 
 Filters drop workers that must not get the request; scorers rate the rest in [0, 1]; the
 picker takes the highest weighted sum, ties broken at random (so equal workers share load).
-Weights come from the cluster YAML (`routing.weights`); a scorer with weight 0 is skipped.
+Weights come from the cluster YAML (`routing.weights`); a scorer with weight 0 (or none) is skipped.
 Two baseline pickers (`routing.picker`) ignore the scores, for benchmarks that compare
 routing policies: `round_robin` and `random` over the workers that pass the filters.
 """
@@ -52,7 +52,31 @@ def kv_usage_score(worker: Worker, ctx: RouteContext) -> float:
     return min(max(1.0 - worker.kv_usage, 0.0), 1.0)
 
 
-SCORERS: Mapping[str, Scorer] = {"prefix": prefix_score, "load": load_score, "kv_usage": kv_usage_score}
+# lora_score's levels. Holding the adapter costs nothing; loading it into a free slot costs a load
+# (a read from disk, weights copied in) but takes nothing from anyone; loading it into a full
+# engine evicts another adapter, which the next request naming that one pays to load again.
+LORA_HELD, LORA_ROOM, LORA_EVICTS = 1.0, 0.5, 0.0
+LORA_DEFAULT_WEIGHT = 0.3
+"""`routing.weights.lora` when the YAML leaves it out and model.lora_adapters is set (build.py).
+Above kv_usage (0.1), below load (0.5) and prefix (1.0): a cached prefix of the prompt (already
+adapter-specific: block hashes carry the adapter) or a clearly lighter engine wins; among engines
+otherwise alike, the one holding the adapter does, and a full engine is the last choice."""
+
+
+def lora_score(worker: Worker, ctx: RouteContext) -> float:
+    """Adapter affinity, as llm-d's lora-affinity scorer: the engine holds (or is loading, or has
+    queued) the request's adapter; else it has a free adapter slot; else it would evict one. A base
+    request scores every worker alike. An engine that has not reported max_loras counts as having
+    room: unknown is not worse than known-free, and it is better than known-full."""
+    if ctx.adapter is None or ctx.adapter in worker.loras:
+        return LORA_HELD
+    if worker.max_loras is None or len(worker.loras) < worker.max_loras:
+        return LORA_ROOM
+    return LORA_EVICTS
+
+
+SCORERS: Mapping[str, Scorer] = {"prefix": prefix_score, "load": load_score, "kv_usage": kv_usage_score,
+                                 "lora": lora_score}
 PICKERS = ("max_score", "round_robin", "random")
 
 

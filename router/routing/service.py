@@ -57,9 +57,10 @@ DEFAULT_CHUNK_BUDGET = 2048  # vLLM's max_num_batched_tokens when unset (chunked
 OUTLIER_FACTOR = 3.0
 
 
-def worker_from(info: ReplicaInfo, pool: PoolId, in_flight: int) -> Worker:
+def worker_from(info: ReplicaInfo, pool: PoolId, in_flight: int, adapters: frozenset[str] = frozenset()) -> Worker:
     """A Worker from a replica's directory entry; before its first routing stats arrive it
-    is load-only (no cache layout known)."""
+    is load-only (no cache layout known). `adapters`: those of this gateway's hops on it now,
+    held there with those the engine reported."""
     stats = info.stats
     return Worker(
         worker_id=stats.worker_id or pool.worker_id(info.replica_id),
@@ -71,6 +72,8 @@ def worker_from(info: ReplicaInfo, pool: PoolId, in_flight: int) -> Worker:
         kv_usage=stats.kv_usage,
         block_size=stats.block_size if stats.hash_algo == "sha256" else None,
         hash_seed=stats.hash_seed or DEFAULT_SEED,
+        loras=frozenset(stats.loras or ()) | adapters,
+        max_loras=stats.max_loras,
     )
 
 
@@ -116,7 +119,8 @@ class KVRouter:
         if directory is None:
             return []
         pool_id = PoolId(tier, pool)  # type: ignore[arg-type]
-        return [worker_from(r, pool_id, self._ledger.in_flight(r.replica_id)) for r in directory.replicas()]
+        return [worker_from(r, pool_id, self._ledger.in_flight(r.replica_id), self._ledger.adapters(r.replica_id))
+                for r in directory.replicas()]
 
     async def _sync_subscribers(self) -> None:
         """Follow the KV events of every live worker; forget the workers that left."""
@@ -195,7 +199,7 @@ class KVRouter:
                                                             request.cache_salt,
                                                             None if adapter is None else (adapter.name, adapter.path))
         ctx = RouteContext(tier=tier, prompt_tokens=len(request.prompt_token_ids),
-                           num_blocks=num_blocks, matches=matches)
+                           num_blocks=num_blocks, matches=matches, adapter=None if adapter is None else adapter.name)
         decode = self._pick(decode_workers, ctx, tier, "decode")
         prefill = None
         path: Path = "remote"
@@ -295,17 +299,19 @@ class KVRouter:
         return pick(workers, ctx, self._weights, self._rng, self._picker, turn)
 
     @contextlib.contextmanager
-    def dispatch(self, chosen: Optional[Pick], request_id: str, streams: bool = False) -> Iterator[None]:
-        """Send the next call for `request_id` to the chosen replica, counted in flight. If this
-        hop computes the prompt, its uncached tokens count as queued on the replica until the
-        prompt is done: when the hop returns, or, for a hop that `streams`, at `first_token`."""
+    def dispatch(self, chosen: Optional[Pick], request_id: str, streams: bool = False,
+                 adapter: Optional[str] = None) -> Iterator[None]:
+        """Send the next call for `request_id` to the chosen replica, counted in flight (with its
+        LoRA `adapter`, held there meanwhile). If this hop computes the prompt, its uncached
+        tokens count as queued on the replica until the prompt is done: when the hop returns,
+        or, for a hop that `streams`, at `first_token`."""
         if chosen is None:
             yield
             return
         worker = chosen.worker
         directory = self._directories[(worker.tier, worker.pool)]
         directory.pin(request_id, worker.replica_id)
-        self._ledger.start(request_id, worker)
+        self._ledger.start(request_id, worker, adapter)
         try:
             yield
         except BaseException:
@@ -313,7 +319,7 @@ class KVRouter:
             raise
         finally:
             directory.unpin(request_id)
-            self._ledger.end(worker)
+            self._ledger.end(worker, adapter)
         # Returned: a prefill hop computed its prompt (router/pd/hops.py catches its failures
         # inside); a stream that ended before its first token computed nothing to time.
         self._prompt_done(request_id, observe=not streams)

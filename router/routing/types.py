@@ -38,6 +38,11 @@ class Worker:
     kv_usage: float = 0.0  # 0..1, reported by the engine
     block_size: Optional[int] = None  # None until the replica reported its cache layout
     hash_seed: Optional[str] = None
+    # LoRA: the adapters the engine holds or is about to (its report: vLLM's resident, running and
+    # waiting adapters; plus this gateway's requests on it now, fresher), and how many it can hold
+    # (vLLM's max_loras). None: it serves no LoRA, or has not reported it yet.
+    loras: frozenset[str] = frozenset()
+    max_loras: Optional[int] = None
 
 
 @dataclass(frozen=True)
@@ -48,6 +53,7 @@ class RouteContext:
     prompt_tokens: int
     num_blocks: Mapping[str, int] = field(default_factory=dict)  # worker → full blocks of the prompt
     matches: Mapping[str, int] = field(default_factory=dict)  # worker → leading blocks it holds
+    adapter: Optional[str] = None  # the LoRA adapter's name; None: the base model
 
 
 @dataclass(frozen=True)

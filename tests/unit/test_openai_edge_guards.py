@@ -101,13 +101,15 @@ class CountingBackend(FakeBackend):
 
 def test_concurrent_health_calls_make_at_most_one_probe_per_interval() -> None:
     backend = CountingBackend()
-    app = edge_app(backend, health_interval_s=0.5)
+    # 2 s: 400 calls take ~0.3 s here, over 0.5 s on a loaded CI machine (seen: a second probe).
+    app = edge_app(backend, health_interval_s=2.0)
 
     async def main():
+        await app.built()  # vLLM's app built before the interval starts
         first = await asyncio.gather(*(call(app, "/health") for _ in range(200)))
         again = await asyncio.gather(*(call(app, "/health") for _ in range(200)))
         probes_in_interval = backend.probes
-        await asyncio.sleep(0.6)
+        await asyncio.sleep(2.1)
         later = await asyncio.gather(*(call(app, "/health") for _ in range(200)))
         return first + again + later, probes_in_interval
 

@@ -221,10 +221,10 @@ def test_the_wait_for_readiness_is_bounded_in_time_and_in_number() -> None:
         return await first, second, edge.ready_waiters
 
     (status, body, seconds), (full_status, full_body, full_seconds), waiters_after = asyncio.run(main())
-    assert status == 503 and 0.8 <= seconds < 2.0, (status, seconds)
+    assert status == 503 and 0.8 <= seconds < 3.0, (status, seconds)
     error = json.loads(body)["error"]
     assert error["code"] == "model_loading" and "waited 0.8 s" in error["message"]
-    assert full_status == 503 and full_seconds < 0.3
+    assert full_status == 503 and full_seconds < 0.6  # at once: well under the 0.8 s wait
     assert json.loads(full_body)["error"]["code"] == "model_loading"
     assert waiters_after == 0
 

@@ -55,6 +55,7 @@ from cluster.engine.metrics import EngineStats, Readings
 from cluster.protocol import EngineRequest, PrefillResult
 from cluster.hashing import BlockHasher, engine_hash_seed
 
+START_GATE_MAX_S = 120.0
 FIRST_TOKEN_ID = 5  # below: the tiny model's special tokens
 RECENT = 1000  # request ids kept per list in stats
 
@@ -62,7 +63,9 @@ RECENT = 1000  # request ids kept per list in stats
 @dataclass(frozen=True)
 class FakeKnobs:
     start_s: float = 0.0  # start() takes this long
-    start_until: float = 0.0  # and returns no earlier than this time.time(): a load that ends at a set moment
+    # start() also waits until this file exists (at most START_GATE_MAX_S): a load that ends when a
+    # test says, e.g. once another deployment is up. None: no gate.
+    start_gate: Optional[str] = None
     prefill_s: float = 0.0  # each prefill takes this long
     token_s: float = 0.0  # the gap between generated tokens
     fail_prefill: bool = False  # prefill raises (a broken prefill pool, as the gateway sees it)
@@ -75,7 +78,7 @@ class FakeKnobs:
 
 
 # vllm_xargs name → knob: e.g. {"vllm_xargs": {"fake_fail_prefill": 1, "fake_token_s": 0.05}}.
-KNOB_ARGS = {f"fake_{f.name}": f.name for f in dataclasses.fields(FakeKnobs) if f.name not in ("start_s", "start_until", "dead")}
+KNOB_ARGS = {f"fake_{f.name}": f.name for f in dataclasses.fields(FakeKnobs) if f.name not in ("start_s", "start_gate", "dead")}
 
 
 @dataclass(frozen=True)
@@ -221,7 +224,10 @@ class FakeEngine(Engine):
     # -- lifecycle -------------------------------------------------------------------------
 
     def start(self) -> EngineInfo:
-        time.sleep(max(self.knobs.start_s, self.knobs.start_until - time.time()))
+        time.sleep(self.knobs.start_s)
+        gate_deadline = time.monotonic() + START_GATE_MAX_S
+        while self.knobs.start_gate and not os.path.exists(self.knobs.start_gate) and time.monotonic() < gate_deadline:
+            time.sleep(0.1)
         block = self.spec.engine.block_size or 16
         if self.spec.kv_events_host is not None:
             self._kv_events = _KVEvents(self.spec.kv_events_host, block)

@@ -154,14 +154,15 @@ def test_a_redeploy_under_load_replaces_every_replica_and_loses_no_request(graph
           f"longest token gap {max(gaps) * 1000:.0f} ms (tokens every 50 / 20 ms); most replicas at once {seen}")
 
 
-# The new prefill engine loads until this long after the redeploy began: after the new gateway
-# runs (~15 s here), as a vLLM engine's load outlasts a gateway's start. A set moment, not a
-# duration: the replica stops first, and its successor's start time varies.
-PREFILL_LOADED_AFTER_S = 30.0
+# The new prefill engine finishes loading this long after the old gateway began stopping (the
+# new one running): requests then reach the new gateway while its prefill pool has no replica,
+# as when a vLLM engine's load outlasts a gateway's start. A gate, not a duration: the order of
+# the new replicas' starts varies with the machine's load.
+PREFILL_LOADED_AFTER_GATEWAY_S = 5.0
 
 
 @pytest.mark.usefixtures("redeploys")
-def test_a_redeploy_that_replaces_the_only_prefill_replica_stop_first_keeps_requests_waiting(graph):
+def test_a_redeploy_that_replaces_the_only_prefill_replica_stop_first_keeps_requests_waiting(graph, tmp_path):
     """A pool that cannot surge (its replicas reserve the CPUs a second one would need; here
     `max_surge_percent: 0`) is replaced stop-first: its only replica stops before the new one
     loads. Requests reaching the new gateway meanwhile wait for readiness (gateway.ready_wait_s)
@@ -179,9 +180,8 @@ def test_a_redeploy_that_replaces_the_only_prefill_replica_stop_first_keeps_requ
         "gateway": graph.cfg.gateway.model_copy(update={"body_read_timeout_s": 12.0}),
         "tiers": {"interactive": tier.model_copy(update={
             "prefill": tier.prefill.model_copy(update={"max_surge_percent": 0})})}})
-    started_at = time.time()
-    slow_prefill = FakeKnobs(start_until=started_at + PREFILL_LOADED_AFTER_S)
-    app = build_app(changed, engine_cls=FakeEngines(prefill_knobs=slow_prefill))
+    gate = tmp_path / "prefill-may-load"
+    app = build_app(changed, engine_cls=FakeEngines(prefill_knobs=FakeKnobs(start_gate=str(gate))))
 
     import httpx
 
@@ -197,7 +197,12 @@ def test_a_redeploy_that_replaces_the_only_prefill_replica_stop_first_keeps_requ
                                       "take_down_on_timeout": False}, daemon=True)
     deploy.start()
     timeline: list[tuple[float, object]] = []  # replica states and /health, as they change
+    old_gateway_stopping_at = None
     while deploy.is_alive() or not all(set(states) == {"RUNNING"} for states in _replicas().values()):
+        if old_gateway_stopping_at is None and _replicas()["Gateway"].get("STOPPING"):
+            old_gateway_stopping_at = time.monotonic()
+        if old_gateway_stopping_at and time.monotonic() > old_gateway_stopping_at + PREFILL_LOADED_AFTER_GATEWAY_S:
+            gate.touch()
         try:
             health = httpx.get(f"{graph.url}/health", timeout=10).status_code
         except httpx.HTTPError as exc:
@@ -205,7 +210,9 @@ def test_a_redeploy_that_replaces_the_only_prefill_replica_stop_first_keeps_requ
         now = (_replicas(), health)
         if not timeline or timeline[-1][1] != now:
             timeline.append((round(time.monotonic() - started, 1), now))
-        assert time.monotonic() - started < 120, f"redeploy not done in 120 s: {timeline}"
+        if time.monotonic() - started > 120:
+            gate.touch()  # later prefill replicas (the scaling test's) must not wait for it
+            raise AssertionError(f"redeploy not done in 120 s: {timeline}")
         time.sleep(0.2)
     redeploy_s = time.monotonic() - started
     time.sleep(1.0)
@@ -225,5 +232,6 @@ def test_a_redeploy_that_replaces_the_only_prefill_replica_stop_first_keeps_requ
              lambda: waits("served") > served_before, 30)
     waited = waits("served")
     assert waits("timed_out") + waits("full") == 0
-    print(f"\n[redeploy stop-first] {redeploy_s:.1f} s, the new prefill loaded {PREFILL_LOADED_AFTER_S:g} s after it began; {len(short)} short "
+    print(f"\n[redeploy stop-first] {redeploy_s:.1f} s, the new prefill loaded {PREFILL_LOADED_AFTER_GATEWAY_S:g} s "
+          f"after the old gateway began stopping; {len(short)} short "
           f"streams, 0 failed; {waited - served_before:.0f} waited for readiness; TTFT max {max(t for _, t in ttft):.1f} s")

@@ -72,6 +72,7 @@ def declare_series(tiers: Sequence[str], adapters: Collection[str] = ()) -> None
     event instead of "no data" (the observability test checks every used name is exported)."""
     from router import admission
     from router import path_metrics as disagg
+    from router.openai.edge import READY_WAITS
     from router.pd import migration
     from router.routing import metrics as routing
 
@@ -97,6 +98,8 @@ def declare_series(tiers: Sequence[str], adapters: Collection[str] = ()) -> None
         for reason in migration.REFUSALS:
             disagg.MIGRATIONS.labels(tier=tier, reason=reason, result="refused").inc(0)
     routing.INDEX_ERRORS.inc(0)
+    for result in ("served", "timed_out", "full", "off"):
+        READY_WAITS.labels(result=result).inc(0)
     disagg.HEALTH_PROBES.inc(0)
     for kind in ("batch", "gap", "replayed", "reset", "index_down", "malformed", "rebuild",
                  "restarted"):  # router/kv_events.py, router/routing/service.py

@@ -82,6 +82,7 @@ class LoraResidency:
         self._labels = dict(labels)
         self.resident: Optional[frozenset[str]] = None  # None until the first look
         self.evictions = 0
+        EVICTIONS.labels(**self._labels).inc(0)  # exported at 0: the dashboard reads 0, not "no data"
 
     def observe(self, ids: Iterable[int]) -> frozenset[str]:
         """A new look at the cache; returns the adapters evicted since the last one, counted."""

@@ -122,8 +122,7 @@ def slo() -> dict:
             target(f"sum by (tier) ({rate('ray_tandem_prompt_tokens_total')})", "{{tier}}")], "short"),
         panel("Requests waiting for the pools to be ready", [
             target(f"sum by (result) ({rate('ray_tandem_ready_waits_total', NO_LABELS)})", "{{result}}"),
-            target(quantile(0.95, "ray_tandem_ready_wait_seconds", "", NO_LABELS), "wait p95 (s)"),
-        ], "short", "Arrivals before every pool was ready (a cold start, a redeploy replacing a pool stop-first): "
+        ], "reqps", "Arrivals before every pool was ready (a cold start, a redeploy replacing a pool stop-first): "
                     "served after the wait, or 503 model_loading (timed_out, full; off: gateway.ready_wait_s 0)."),
     ])
 

@@ -34,6 +34,8 @@ SUFFIXES = {"Counter": ("_total",), "Gauge": ("",), "Histogram": ("_bucket", "_s
 INTERNAL = {
     "tandem_health_probes": "the cost of the gateway's readiness probing (one probe of every engine per "
                             "health interval): for debugging /health, not for operating",
+    "tandem_ready_wait_seconds": "how long requests waited for readiness: a series only once one waited "
+                                 "(a cold start, a stop-first redeploy); the dashboard counts them by result",
 }
 
 

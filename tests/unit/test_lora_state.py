@@ -53,14 +53,14 @@ def test_an_adapter_gone_from_the_cache_is_an_eviction(evictions):
     assert cache.observe([2, 3]) == {"french"}  # dutch loaded into a full cache of 2: french evicted
     assert cache.observe([2, 3]) == frozenset()  # unchanged: nothing counted twice
     assert cache.evictions == 1
-    assert evictions.values("inc", **LABELS) == [1]
+    assert [v for v in evictions.values("inc", **LABELS) if v] == [1]  # after the series' 0
 
 
 def test_the_first_look_counts_nothing_and_a_forgotten_adapter_is_no_eviction(evictions):
     cache = LoraResidency({1: "french"}, LABELS)
     cache.observe([1])  # whatever was there before the replica looked is not an eviction it saw
     cache.forget("french")  # unloaded on purpose
-    assert cache.observe([]) == frozenset() and evictions.calls == []
+    assert cache.observe([]) == frozenset() and all(call[2] == 0 for call in evictions.calls)
 
 
 def test_an_adapter_loaded_at_run_time_takes_a_slot_under_its_id(evictions):
@@ -131,4 +131,4 @@ def test_a_replica_reports_the_gauge_and_its_cache_and_counts_evictions(eviction
     first, second, third = asyncio.run(serve_reports())
     assert first["loras"] == ("german",) and second["loras"] == ("french", "german")
     assert third["loras"] == ("dutch", "german") and third["max_loras"] == 2
-    assert evictions.values("inc", tier="", pool="decode", replica="interactive-decode-r1") == [1]
+    assert [v for v in evictions.values("inc", tier="", pool="decode", replica="interactive-decode-r1") if v] == [1]

@@ -22,7 +22,6 @@ import asyncio
 import json
 import os
 import random
-import re
 import signal
 import sys
 import tempfile
@@ -34,9 +33,8 @@ import httpx
 import psutil
 import yaml
 
-from loadtest.bench.redeploy import TANDEM, resolved_config, wait_ready
+from loadtest.bench.tandem_run import TandemRun, machine, replica_states, resolved_config
 from loadtest.measure.percentiles import latency_summary
-from cluster.hardware import cpu_flags
 
 RESULTS = Path(__file__).resolve().parent / "results"
 DECODE = "interactive-decode"
@@ -64,12 +62,6 @@ def decode_processes() -> list[psutil.Process]:
              if " ".join(p.info["cmdline"] or []).startswith(f"ray::ServeReplica:tandem:{DECODE}")]
     pids = {p.pid for p in found}
     return [p for p in found if p.ppid() not in pids]
-
-
-def migrations(metrics_url: str) -> float:
-    text = httpx.get(metrics_url, timeout=30).text
-    return sum(float(m.group(2)) for m in re.finditer(r"^ray_tandem_migrations_total\{(.*)\} ([0-9.e+-]+)$", text, re.M)
-               if 'result="continued"' in m.group(1))
 
 
 class Stream:
@@ -108,24 +100,8 @@ class Stream:
         return "".join(self.texts)
 
 
-def connect_driver() -> None:
-    """This process a driver of the running `tandem run`'s Ray (its recorded address and token,
-    as `tandem redeploy` connects), to read Serve's replica states."""
-    import ray
-
-    from cluster.cli import RAY_ADDRESS_FILE
-    from cluster.local import DEFAULT_RAY_TOKEN, LOCAL_RAY_ENV, _reload_ray_settings, ray_auth_env
-
-    os.environ.update({**LOCAL_RAY_ENV, **ray_auth_env(DEFAULT_RAY_TOKEN)})
-    _reload_ray_settings()  # Ray read its settings at import; the loopback address needs these
-    ray.init(address=RAY_ADDRESS_FILE.read_text().strip(), logging_level="error", log_to_driver=False)
-
-
 def running_decode_replicas() -> int:
-    from ray import serve
-
-    states = serve.status().applications["tandem"].deployments[DECODE].replica_states
-    return sum(n for state, n in states.items() if getattr(state, "value", state) == "RUNNING")
+    return replica_states(DECODE).get("RUNNING", 0)
 
 
 async def serving_again(deadline: float, before: frozenset[int] = frozenset()) -> float:
@@ -140,12 +116,16 @@ async def serving_again(deadline: float, before: frozenset[int] = frozenset()) -
     raise TimeoutError("the killed decode replica was not replaced in time")
 
 
-async def one_round(index: int, url: str, model: str, metrics_url: str, args: argparse.Namespace,
-                    rng: random.Random) -> dict[str, Any]:
+def migrations(cluster: TandemRun) -> float:
+    return cluster.metric("ray_tandem_migrations_total", result="continued")
+
+
+async def one_round(index: int, cluster: TandemRun, args: argparse.Namespace, rng: random.Random) -> dict[str, Any]:
+    url, model = cluster.url, cluster.model
     prompts = [[rng.randrange(1000, 40000) for _ in range(args.prompt_tokens)] for _ in range(args.streams)]
     async with httpx.AsyncClient(timeout=httpx.Timeout(600, connect=30)) as client:
         reference = await asyncio.gather(*(Stream(p, args.max_tokens).run(client, url, model) for p in prompts))
-        before = migrations(metrics_url)
+        before = migrations(cluster)
         streams = [Stream(p, args.max_tokens) for p in prompts]
         tasks = [asyncio.create_task(s.run(client, url, model)) for s in streams]
         while min(len(s.texts) for s in streams) < args.kill_after and not all(t.done() for t in tasks):
@@ -156,7 +136,7 @@ async def one_round(index: int, url: str, model: str, metrics_url: str, args: ar
         os.kill(victim.pid, signal.SIGKILL)
         await asyncio.gather(*tasks)
     await asyncio.sleep(3)  # Ray exports the gateway's counters every few seconds
-    migrated = migrations(metrics_url) - before
+    migrated = migrations(cluster) - before
     gaps = sorted((next((t for t in s.times if t > killed_at), float("nan")) - killed_at) * 1000 for s in streams)
     k = int(migrated)
     record = {"round": index, "killed_pid": victim.pid, "migrations": migrated,
@@ -176,34 +156,20 @@ async def one_round(index: int, url: str, model: str, metrics_url: str, args: ar
 
 async def run(args: argparse.Namespace, folder: Path) -> dict[str, Any]:
     config, cfg = write_config(args.config, folder, args.metrics_port, args.dtype)
-    gateway = cfg.get("gateway", {})
-    url = f"http://{gateway.get('host', '127.0.0.1')}:{gateway.get('port', 8000)}"
-    model = cfg["model"].get("name") or Path(cfg["model"]["path"]).name
-    metrics_url = f"http://127.0.0.1:{args.metrics_port}/metrics"
-    with open(folder / "run.log", "wb") as log:
-        cluster = await asyncio.create_subprocess_exec(*TANDEM, "run", "--config", str(config), stdout=log,
-                                                       stderr=asyncio.subprocess.STDOUT)
     rng = random.Random(args.seed)
     rounds = []
-    try:
-        t0 = time.monotonic()
-        await wait_ready(url, t0 + args.recovery_timeout_s)
-        await asyncio.sleep(2)  # `tandem run` records Ray's address once ready
-        await asyncio.to_thread(connect_driver)
+    async with TandemRun(config, cfg, folder, ready_timeout_s=args.recovery_timeout_s) as cluster:
+        await asyncio.to_thread(cluster.connect_driver)
         await serving_again(time.monotonic() + args.recovery_timeout_s)
-        print(f"[decode-kill] cluster ready in {time.monotonic() - t0:.0f} s", flush=True)
+        print(f"[decode-kill] cluster ready in {cluster.ready_s:.0f} s", flush=True)
         for i in range(args.rounds):
-            rounds.append(await one_round(i, url, model, metrics_url, args, rng))
-    finally:
-        stopper = await asyncio.create_subprocess_exec(*TANDEM, "stop")
-        await stopper.wait()
-        await cluster.wait()
+            rounds.append(await one_round(i, cluster, args, rng))
+    model = cluster.model
     migrated = [g for r in rounds for g in r["migrated_streams_ms"]]
     return {
         "benchmark": "decode_kill",
         "command": " ".join(["python -m loadtest.bench.decode_kill", *sys.argv[1:]]),
-        "machine": {"cpus": os.cpu_count(), "memory_gib": round(psutil.virtual_memory().total / (1 << 30), 1),
-                    "amx": "amx_tile" in cpu_flags(), "avx512f": "avx512f" in cpu_flags()},
+        "machine": machine(),
         "config": str(args.config), "model": model, "dtype": cfg["model"].get("dtype", "auto"),
         "workload": {"rounds": args.rounds, "streams": args.streams, "max_tokens": args.max_tokens,
                      "prompt_tokens": args.prompt_tokens, "kill_after_tokens": args.kill_after,

@@ -16,8 +16,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
-import platform
 import random
 import sys
 import tempfile
@@ -26,29 +24,15 @@ from pathlib import Path
 from typing import Any, Optional
 
 import httpx
-import psutil
 import yaml
 
 from loadtest.bench.loadgen import stream_one
+from loadtest.bench.tandem_run import TANDEM, TandemRun, machine, resolved_config
 from loadtest.bench.workload import ScheduledRequest
 from loadtest.measure.percentiles import latency_summary
-from cluster.hardware import cpu_flags
 
 RESULTS = Path(__file__).resolve().parent / "results"
-TANDEM = [sys.executable, "-m", "cluster.cli"]
 PROMPT_TOKENS = 32
-
-
-def resolved_config(config: Path, model_path: str = "") -> dict:
-    """The config's YAML with model.path absolute (relative paths are the config folder's), or
-    `model_path` where given: the copies written elsewhere must find the model."""
-    cfg = yaml.safe_load(config.read_text())
-    model = cfg.setdefault("model", {})
-    if model_path:
-        model["path"] = model_path
-    elif model.get("path") and not Path(model["path"]).is_absolute():
-        model["path"] = str((config.parent / model["path"]).resolve())
-    return cfg
 
 
 def write_configs(config: Path, model_path: str, folder: Path) -> tuple[Path, Path, dict]:
@@ -61,18 +45,6 @@ def write_configs(config: Path, model_path: str, folder: Path) -> tuple[Path, Pa
     gateway["body_read_timeout_s"] = float(gateway.get("body_read_timeout_s", 10.0)) + 1.0
     after.write_text(yaml.safe_dump(cfg))
     return before, after, cfg
-
-
-async def wait_ready(url: str, deadline_s: float) -> None:
-    async with httpx.AsyncClient(timeout=10) as client:
-        while time.monotonic() < deadline_s:
-            try:
-                if (await client.get(f"{url}/health")).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            await asyncio.sleep(2)
-    raise TimeoutError(f"{url}/health never answered 200")
 
 
 async def client_loop(index: int, url: str, model: str, max_tokens: int, stop: asyncio.Event,
@@ -94,17 +66,10 @@ async def client_loop(index: int, url: str, model: str, max_tokens: int, stop: a
 
 async def run(args: argparse.Namespace, folder: Path) -> dict[str, Any]:
     before, after, cfg = write_configs(args.config, args.model_path, folder)
-    gateway = cfg.get("gateway", {})
-    url = f"http://{gateway.get('host', '127.0.0.1')}:{gateway.get('port', 8000)}"
-    model = cfg.get("model", {}).get("name") or Path(cfg["model"]["path"]).name
-    with open(folder / "run.log", "wb") as log:
-        cluster = await asyncio.create_subprocess_exec(*TANDEM, "run", "--config", str(before), stdout=log,
-                                                       stderr=asyncio.subprocess.STDOUT)
     records: list[dict] = []
-    try:
-        t0 = time.monotonic()
-        await wait_ready(url, t0 + args.start_timeout_s)
-        print(f"[redeploy] cluster ready in {time.monotonic() - t0:.0f} s; {args.clients} clients", flush=True)
+    async with TandemRun(before, cfg, folder, ready_timeout_s=args.start_timeout_s) as cluster:
+        url, model = cluster.url, cluster.model
+        print(f"[redeploy] cluster ready in {cluster.ready_s:.0f} s; {args.clients} clients", flush=True)
         t0 = time.monotonic()
         stop = asyncio.Event()
         clients = [asyncio.create_task(client_loop(i, url, model, args.max_tokens, stop, records, t0))
@@ -122,10 +87,6 @@ async def run(args: argparse.Namespace, folder: Path) -> dict[str, Any]:
         await asyncio.sleep(args.after_s)
         stop.set()
         await asyncio.gather(*clients)
-    finally:
-        stopper = await asyncio.create_subprocess_exec(*TANDEM, "stop")
-        await stopper.wait()
-        await cluster.wait()
     return summarize(args, records, redeploy_from, redeploy_to, rc, model)
 
 
@@ -143,9 +104,7 @@ def summarize(args: argparse.Namespace, records: list[dict], redeploy_from: floa
     return {
         "benchmark": "redeploy",
         "command": " ".join(["python -m loadtest.bench.redeploy", *sys.argv[1:]]),
-        "machine": {"cpus": os.cpu_count(), "processor": platform.processor() or platform.machine(),
-                    "memory_gib": round(psutil.virtual_memory().total / (1 << 30), 1),
-                    "amx": "amx_tile" in cpu_flags(), "avx512f": "avx512f" in cpu_flags()},
+        "machine": machine(),
         "config": str(args.config), "model": model,
         "workload": {"clients": args.clients, "max_tokens": args.max_tokens, "prompt_tokens": PROMPT_TOKENS,
                      "api": "/v1/completions, streaming, greedy, ignore_eos, random token-id prompts, a new connection per request"},

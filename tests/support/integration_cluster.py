@@ -5,13 +5,13 @@ that start and stop it are in tests/integration/conftest.py."""
 from __future__ import annotations
 
 import os
-import re
 import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Optional
 
+from loadtest.measure.prom import metric_sum
 from tests.conftest import TEST_STATE
 
 GATEWAY_PORT = 8765
@@ -146,13 +146,7 @@ def scrape_metrics() -> str:
 
 def metric(name: str, text: Optional[str] = None, **labels: str) -> float:
     """Sum of the samples of `name` (exact, e.g. `ray_tandem_route_total`) whose labels include `labels`."""
-    text = scrape_metrics() if text is None else text
-    total = 0.0
-    for m in re.finditer(rf"^{re.escape(name)}(?:{{(.*)}})? ([0-9.e+-]+|NaN)$", text, re.M):
-        found = dict(re.findall(r'(\w+)="((?:[^"\\]|\\.)*)"', m.group(1) or ""))
-        if all(found.get(k) == v for k, v in labels.items()) and m.group(2) != "NaN":
-            total += float(m.group(2))
-    return total
+    return metric_sum(scrape_metrics() if text is None else text, name, **labels)
 
 
 def wait_for_metric(name: str, at_least: float, timeout_s: float = 30, **labels: str) -> float:

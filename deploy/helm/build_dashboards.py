@@ -259,6 +259,9 @@ def router() -> dict:
     ])
 
 
+HELD = 'affinity="held"'
+
+
 def lora_panels() -> list[dict]:
     """By LoRA adapter (model.lora_adapters; no data without adapters): `adapter` is a configured
     name or "base"."""
@@ -282,6 +285,12 @@ def lora_panels() -> list[dict]:
             target(f"sum by (tier, pool) ({rate('ray_tandem_lora_evictions_total')})", "{{tier}} {{pool}}")],
               "short", "Adapters vLLM dropped from an engine's adapter cache (model.max_loras) to load another; "
                        "each costs a reload when it is named again. Seen once a second: a lower bound."),
+        panel("LoRA: routing's adapter hit rate", [
+            target(f"sum by (tier, pool) ({rate('ray_tandem_lora_routes_total', TIER, HELD)}) / "
+                   f"sum by (tier, pool) ({rate('ray_tandem_lora_routes_total')})", "{{tier}} {{pool}}")],
+              "percentunit", "Of the LoRA requests sent to a pool, the share whose engine held the adapter when the "
+                             "gateway picked it (routing.weights.lora); the rest loaded it into a free slot or "
+                             "evicted another adapter."),
     ]
 
 

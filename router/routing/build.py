@@ -11,7 +11,8 @@ from router.prefix_index.redis_index import tls_of
 from router.routing.decider import Objectives, PDDecider
 from router.routing.directory import pool_directory
 from router.routing.pipeline import LORA_DEFAULT_WEIGHT
-from router.routing.service import KVRouter
+from router.routing.metrics import LORA_ROUTES
+from router.routing.service import LORA_AFFINITY, KVRouter
 
 
 def routing_weights(cfg: ClusterConfig) -> dict[str, float]:
@@ -56,4 +57,9 @@ def build_kv_router(cfg: ClusterConfig) -> KVRouter:
     directories = {
         (tier, role): pool_directory(PoolId(tier, role)) for tier in cfg.tiers for role in ROLES
     }
+    if cfg.model.lora_adapters:  # exported at 0: the dashboard's hit rate reads 0 requests, not "no data"
+        for tier in cfg.tiers:
+            for role in ROLES:
+                for affinity in LORA_AFFINITY.values():
+                    LORA_ROUTES.labels(tier=tier, pool=role, affinity=affinity).inc(0)
     return KVRouter(directories=directories, index=index, **kv_router_settings(cfg))

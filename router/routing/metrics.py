@@ -22,6 +22,13 @@ PREDICTED_HIT_TOKENS = Counter(
     "Prompt tokens the router predicted to be cached on the engine it chose.",
     ["tier", "pool"],
 )
+LORA_ROUTES = Counter(
+    "tandem_lora_routes",
+    "LoRA requests by the engine they were sent to, as this gateway saw it when it picked: affinity held (the "
+    "engine held the adapter), free_slot (it had room to load it, or had not reported) or evicts (loading it "
+    "evicts another adapter). held / all is the adapter hit rate of routing.",
+    ["tier", "pool", "affinity"],
+)
 PROMPT_TOKENS = Counter(
     "tandem_routing_prompt_tokens", "Prompt tokens of routed requests.", ["tier"]
 )

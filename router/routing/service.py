@@ -43,9 +43,12 @@ from router.routing.cost_model import EngineCostModel
 from router.routing.decider import Decision, DecodeView, Objectives, PDDecider, PrefillView, RequestView, decide
 from router.routing.directory import PoolDirectory, ReplicaInfo
 from router.routing.ledger import LoadLedger
-from router.routing.pipeline import pick
+from router.routing.pipeline import LORA_EVICTS, LORA_HELD, LORA_ROOM, lora_score, pick
 from router.routing.types import ROUTE_LABELS, Path, Pick, RouteContext, RouteDecision, Worker
 from router.tracing import annotate_route
+
+# lora_score's level of the engine a LoRA request was sent to → tandem_lora_routes' affinity label.
+LORA_AFFINITY = {LORA_HELD: "held", LORA_ROOM: "free_slot", LORA_EVICTS: "evicts"}
 
 log = logging.getLogger(__name__)
 
@@ -240,6 +243,10 @@ class KVRouter:
         metrics.DECISIONS.labels(tier=tier, path=ROUTE_LABELS[path], reason=reason).inc()
         metrics.PREDICTED_HIT_TOKENS.labels(tier=tier, pool="decode" if local else "prefill").inc(hit)
         metrics.PROMPT_TOKENS.labels(tier=tier).inc(ctx.prompt_tokens)
+        if adapter is not None:
+            for pool, chosen in (("decode", None if path == "whole" else decode), ("prefill", None if local else prefill)):
+                if chosen is not None:
+                    metrics.LORA_ROUTES.labels(tier=tier, pool=pool, affinity=LORA_AFFINITY[lora_score(chosen.worker, ctx)]).inc()
         metrics.DECISION_SECONDS.observe(time.perf_counter() - started)
         if self.traced:
             annotate_route(decision)

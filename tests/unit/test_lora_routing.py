@@ -21,6 +21,7 @@ from router.routing.ledger import LoadLedger
 from router.routing.pipeline import LORA_DEFAULT_WEIGHT, LORA_EVICTS, LORA_HELD, LORA_ROOM, lora_score, pick
 from router.routing.service import KVRouter
 from router.routing.types import RouteContext, Worker
+from tests.support.fakes import RecordingMetric
 
 WEIGHTS = {"prefix": 1.0, "load": 0.5, "kv_usage": 0.1, "lora": LORA_DEFAULT_WEIGHT}
 
@@ -115,12 +116,12 @@ def request(rid: str, adapter=None) -> EngineRequest:
                          tier="interactive", adapter=adapter)
 
 
-def decode_router(reports: dict[str, dict]) -> KVRouter:
+def decode_router(reports: dict[str, dict], picker: str = "max_score") -> KVRouter:
     d = PoolDirectory()
     d.set_replicas([ReplicaInfo(n, 8, RoutingStats.from_dict({"worker_id": f"interactive-decode-{n}", **r}))
                     for n, r in reports.items()])
     return KVRouter(directories={("interactive", "decode"): d}, index=MemoryPrefixIndex(), weights=WEIGHTS,
-                    decider=PDDecider(0, "never"), subscribe=False, rng=random.Random(0))
+                    decider=PDDecider(0, "never"), subscribe=False, rng=random.Random(0), picker=picker)
 
 
 FRENCH, GERMAN = Adapter("french", 1, "/a/french"), Adapter("german", 2, "/a/german")
@@ -154,3 +155,32 @@ def test_a_yaml_lora_weight_wins_even_zero():
     cfg = ClusterConfig.model_validate({"model": {"path": "/m", "lora_adapters": {"french": "/a/french"}},
                                         "routing": {"weights": {"prefix": 1.0, "lora": 0.0}}})
     assert routing_weights(cfg) == {"prefix": 1.0, "lora": 0.0}  # switched off on purpose
+
+
+
+def test_each_lora_request_is_counted_by_the_affinity_of_the_engine_it_was_sent_to(monkeypatch):
+    from router.routing import metrics
+
+    routes = RecordingMetric()
+    monkeypatch.setattr(metrics, "LORA_ROUTES", routes)
+    reports = {"d1": {"loras": ["german"], "max_loras": 1}, "d2": {"loras": ["french"], "max_loras": 1}}
+    asyncio.run(decode_router(reports).route(request("f0", FRENCH), "interactive"))  # to d2, which holds it
+    asyncio.run(decode_router(reports).route(request("b0"), "interactive"))  # the base model: no LoRA route
+    rr = decode_router(reports, picker="round_robin")
+    for i in range(2):  # round-robin ignores the adapter: one of the two picks evicts german for french
+        asyncio.run(rr.route(request(f"r{i}", FRENCH), "interactive"))
+    counted = [(labels["pool"], labels["affinity"]) for labels, kind, _ in routes.calls if kind == "inc"]
+    assert sorted(counted) == [("decode", "evicts"), ("decode", "held"), ("decode", "held")]
+
+
+def test_the_routes_are_exported_at_zero_per_tier_pool_and_affinity_only_with_adapters(monkeypatch):
+    from router.routing import build
+
+    routes = RecordingMetric()
+    monkeypatch.setattr(build, "LORA_ROUTES", routes)
+    monkeypatch.setattr(build, "make_index", lambda *a, **k: MemoryPrefixIndex())
+    build.build_kv_router(ClusterConfig.model_validate({"model": {"path": "/m"}}))
+    assert routes.calls == []
+    build.build_kv_router(ClusterConfig.model_validate({"model": {"path": "/m", "lora_adapters": {"french": "/a/f"}}}))
+    assert {(lbl["pool"], lbl["affinity"]) for lbl, kind, v in routes.calls if kind == "inc" and v == 0} == {
+        (pool, a) for pool in ("prefill", "decode") for a in ("held", "free_slot", "evicts")}

@@ -10,6 +10,8 @@
     tandem logs [-f]                  the newest run's log file (-f: follow it): requests, engines, Ray, Serve
     tandem prepare-model [--dest D]   convert the default model (SmolLM2-135M-Instruct) once
     tandem tiny-model DEST            generate the tiny test model
+    tandem lora-adapter DEST [--seed N] [--model PATH]
+                                      write a demo LoRA adapter (seeded random weights) for the default model
     tandem check-config FILE          validate a cluster YAML (engine arguments by vLLM) and print it resolved
     tandem doctor [--config FILE]     what this host has (CPU, GPUs, CUDA, NIXL, Ray, vLLM) and what tandem will use
     tandem grafana-push --url URL     upload the dashboards to Grafana (token: --token or GRAFANA_TOKEN)
@@ -215,6 +217,18 @@ def cmd_tiny_model(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_lora_adapter(args: argparse.Namespace) -> int:
+    from cluster.config import ClusterConfig
+    from cluster.models.lora import make_lora_adapter
+
+    base = args.model or ClusterConfig.load(DEFAULT_CONFIG).model.path
+    if not (Path(base) / "config.json").exists():
+        print(f"no model at {base}: run `tandem prepare-model` first, or give --model", file=sys.stderr)
+        return 2
+    print(make_lora_adapter(Path(base), args.dest, seed=args.seed, rank=args.rank))
+    return 0
+
+
 def cmd_check_config(args: argparse.Namespace) -> int:
     from cluster.config import ClusterConfig, ConfigError
     from cluster.engine import engine_args
@@ -279,6 +293,12 @@ def main(argv: list[str] | None = None) -> int:
     tiny = sub.add_parser("tiny-model", help="generate the tiny test model")
     tiny.add_argument("dest", type=Path)
     tiny.set_defaults(fn=cmd_tiny_model)
+    lora = sub.add_parser("lora-adapter", help="write a demo LoRA adapter for the default model (seeded random weights)")
+    lora.add_argument("dest", type=Path)
+    lora.add_argument("--seed", type=int, default=1, help="another seed, another adapter (its answers differ)")
+    lora.add_argument("--rank", type=int, default=8)
+    lora.add_argument("--model", type=Path, help="the base model's folder (default: the default config's model)")
+    lora.set_defaults(fn=cmd_lora_adapter)
     check = sub.add_parser("check-config", help="validate a cluster YAML")
     check.add_argument("config", type=Path)
     check.set_defaults(fn=cmd_check_config)

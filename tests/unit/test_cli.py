@@ -78,3 +78,18 @@ def test_the_banner_follows_the_config(tmp_path):
     assert "tandem is serving SmolLM2-135M-Instruct at http://0.0.0.0:8000" in banner
     assert str(tmp_path / "run.log") in banner and f"RAY_AUTH_TOKEN_PATH={tmp_path / 'token'}" in banner
     assert "Warning: no API keys configured" in banner
+
+
+def test_lora_adapter_writes_a_peft_adapter_vllm_accepts_for_the_model(tmp_path, capsys, tiny_model_dir):
+    from vllm.lora.peft_helper import PEFTHelper
+
+    dest = tmp_path / "demo"
+    assert cli.main(["lora-adapter", str(dest), "--model", str(tiny_model_dir), "--seed", "3"]) == 0
+    assert capsys.readouterr().out.strip() == str(dest)
+    helper = PEFTHelper.from_local_dir(str(dest), max_position_embeddings=None)  # vLLM's own reader
+    assert helper.r == 8 and set(helper.target_modules) == {"q_proj", "k_proj", "v_proj", "o_proj"}
+
+
+def test_lora_adapter_without_a_model_says_what_to_run(tmp_path, capsys):
+    assert cli.main(["lora-adapter", str(tmp_path / "demo"), "--model", str(tmp_path / "none")]) == 2
+    assert "tandem prepare-model" in capsys.readouterr().err

@@ -125,6 +125,6 @@ class DecodeWorker(EngineReplica):
         async for batch in self.outboxes.subscribe(gateway):
             yield batch
 
-    def record_routing_stats(self) -> dict:
-        self.outboxes.reap()  # Serve calls this every second: the outboxes' clock
-        return super().record_routing_stats()
+    def routing_stats(self) -> dict:
+        self.outboxes.reap()  # Serve asks for these every second: the outboxes' clock
+        return super().routing_stats()

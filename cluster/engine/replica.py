@@ -165,9 +165,17 @@ class EngineReplica:
 
     _itl_seen: tuple[float, float] = (0.0, 0.0)  # vLLM's token-gap (sum, count) at the last report
 
-    def record_routing_stats(self) -> dict:
-        """Ray Serve's hook (every request_routing_stats_period_s), delivered to the gateway's
-        request router: who this engine is, where its KV events are, how it hashes blocks, and
+    async def record_routing_stats(self) -> dict:
+        """Ray Serve's hook (every request_routing_stats_period_s): `routing_stats()`, with vLLM's
+        adapter cache read first where the engine serves LoRA. Async, so that Serve runs it on the
+        replica's event loop: a sync hook runs in a thread pool (Ray 2.60's default,
+        RAY_SERVE_RUN_SYNC_IN_THREADPOOL), where the call into the EngineCore cannot be awaited
+        and the cache was never read (found on real engines: no eviction ever counted)."""
+        await self._refresh_loras()
+        return await asyncio.to_thread(self.routing_stats)  # reads vLLM's registry: off the loop, as before
+
+    def routing_stats(self) -> dict:
+        """The routing stats, delivered to the gateway's request router: who this engine is, where its KV events are, how it hashes blocks, and
         the P/D decider's live state (router/routing/decider.py): a prefill engine's queued
         prompt tokens; its running sequences and, when it streamed tokens since the last report,
         its mean token gap (`step_s`, over `step_n` gaps) for the step cost model.
@@ -194,36 +202,36 @@ class EngineReplica:
         return RoutingStats(**report).to_dict()
 
     _lora: Optional[LoraResidency] = None
-    _lora_refresh: Optional[asyncio.Task] = None
 
-    def _lora_report(self) -> dict:
-        """The routing stats' adapters (cluster/engine/lora_state.py): vLLM's gauge read now, and
-        its adapter cache as of the last refresh, which this report starts anew (an async call into
-        the EngineCore, so it serves the next report, ~1 s on). Nothing without LoRA."""
-        limits = self.engine.spec.lora
-        if limits is None:
-            return {}
+    def _lora_residency(self) -> LoraResidency:
         if self._lora is None:
+            limits = self.engine.spec.lora
             pool = "prefill" if self.info.kv_role == "kv_producer" else "decode"
             tier = self.engine.spec.pool.tier if self.engine.spec.pool else ""
             self._lora = LoraResidency({i + 1: name for i, name in enumerate(limits.adapters)},
                                        {"tier": tier, "pool": pool, "replica": self.info.worker_id})
-        try:
-            loop = asyncio.get_running_loop()
-        except RuntimeError:  # called off an event loop (unit use): the gauge alone
-            loop = None
-        if loop is not None and (self._lora_refresh is None or self._lora_refresh.done()):
-            self._lora_refresh = loop.create_task(self._refresh_loras())
-        return lora_report(self.engine.lora_info(), self._lora.resident, limits.max_loras)
+        return self._lora
+
+    def _lora_report(self) -> dict:
+        """The routing stats' adapters (cluster/engine/lora_state.py): vLLM's gauge read now, and
+        its adapter cache as of the last refresh (record_routing_stats). Nothing without LoRA."""
+        limits = self.engine.spec.lora
+        if limits is None:
+            return {}
+        return lora_report(self.engine.lora_info(), self._lora_residency().resident, limits.max_loras)
 
     async def _refresh_loras(self) -> None:
+        """vLLM's adapter cache now, evictions since the last look counted; bounded, and never a
+        failed report over it (routing keeps the gauge's view)."""
+        if self.engine.spec.lora is None:
+            return
         try:
             ids = await asyncio.wait_for(self.engine.resident_loras(), 5.0)
-        except Exception:  # routing keeps the gauge's view; never fail a report over it
+        except Exception:
             log.debug("adapter cache of %s not read", self.info.worker_id, exc_info=True)
             return
-        if ids is not None and self._lora is not None:
-            gone = self._lora.observe(ids)
+        if ids is not None:
+            gone = self._lora_residency().observe(ids)
             if gone:
                 log.info("%s evicted LoRA adapters %s", self.info.worker_id, sorted(gone))
 

@@ -308,7 +308,7 @@ def _replica(role, running=0.0):
 def test_a_prefill_replica_reports_its_queued_prompt_tokens():
     replica = _replica("kv_producer")
     with replica.signals.pending_prompt(700):
-        stats = replica.record_routing_stats()
+        stats = replica.routing_stats()
     assert stats["queued_prompt_tokens"] == 700 and stats["kv_usage"] == 0.2
     assert (stats["worker_id"], stats["block_size"], stats["hash_algo"]) == ("interactive-x-kv_producer", 16, "sha256")
     assert "step_s" not in stats
@@ -317,23 +317,23 @@ def test_a_prefill_replica_reports_its_queued_prompt_tokens():
 def test_a_decode_replica_reports_its_batch_and_mean_step_since_the_last_report():
     replica = _replica("kv_consumer", running=3.0)
     values = replica.engine._values  # the engine's own reading: the routing stats' only source
-    assert "step_s" not in replica.record_routing_stats()  # idle: nothing to report, stats stay still
+    assert "step_s" not in replica.routing_stats()  # idle: nothing to report, stats stay still
     values.update({("vllm:inter_token_latency_seconds_sum", None): 2.0,
                    ("vllm:inter_token_latency_seconds_count", None): 40.0})
-    stats = replica.record_routing_stats()
+    stats = replica.routing_stats()
     assert (stats["running_seqs"], stats["step_s"], stats["step_n"]) == (3, 0.05, 40)
     values.update({("vllm:inter_token_latency_seconds_sum", None): 2.8,
                    ("vllm:inter_token_latency_seconds_count", None): 50.0})  # the next period: its own 10 gaps
-    assert replica.record_routing_stats()["step_s"] == 0.08
+    assert replica.routing_stats()["step_s"] == 0.08
     assert "queued_prompt_tokens" not in stats
 
 
 def test_a_prefill_replica_streaming_whole_requests_reports_its_step():
     replica = _replica("kv_producer", running=2.0)
-    assert "step_s" not in replica.record_routing_stats()  # prefills only: no gaps
+    assert "step_s" not in replica.routing_stats()  # prefills only: no gaps
     replica.engine._values.update({("vllm:inter_token_latency_seconds_sum", None): 1.2,
                                    ("vllm:inter_token_latency_seconds_count", None): 20.0})
-    stats = replica.record_routing_stats()
+    stats = replica.routing_stats()
     assert (stats["running_seqs"], stats["step_s"], stats["step_n"], stats["queued_prompt_tokens"]) == (2, 0.06, 20, 0)
 
 def test_a_reported_queue_is_discounted_by_this_gateways_prompts_done_since():

@@ -120,7 +120,7 @@ def test_an_abort_ends_the_stream_and_is_recorded():
 def test_the_replica_hooks_read_the_fake_engines_counters():
     decode = _worker("decode_workers.deployment.DecodeWorker", "kv_consumer")
     asyncio.run(_decode(decode, _request(max_tokens=5), None))
-    routing = decode.record_routing_stats()
+    routing = decode.routing_stats()
     assert routing["worker_id"] == "w-kv_consumer" and routing["block_size"] == 16 and routing["step_n"] == 4
     signals = decode.signals.sample()
     assert signals["ttft_count"] == 0  # the first sample is the baseline

@@ -97,7 +97,7 @@ def _replica(lora):
 
 def test_a_replica_without_lora_reports_as_before():
     replica, _ = _replica(None)
-    stats = replica.record_routing_stats()
+    stats = asyncio.run(replica.record_routing_stats())
     assert "loras" not in stats and "max_loras" not in stats
 
 
@@ -113,22 +113,34 @@ def test_a_replica_reports_the_gauge_and_its_cache_and_counts_evictions(eviction
         return set(cache["ids"])
 
     monkeypatch.setattr(engine, "resident_loras", resident, raising=False)
-    assert replica.record_routing_stats()["loras"] == ("german",)  # off a loop: the gauge alone
+    assert replica.routing_stats()["loras"] == ("german",)  # before the cache was read: the gauge alone
 
     async def serve_reports():
-        # As Serve calls the hook on the replica's loop: each report starts a refresh of the
-        # cache, which the next report carries.
-        first = replica.record_routing_stats()
-        await replica._lora_refresh
-        second = replica.record_routing_stats()
-        await replica._lora_refresh
+        # As Serve calls the hook, on the replica's loop: the cache is read, then reported.
+        first = await replica.record_routing_stats()
         cache["ids"] = {2, 3}  # dutch loaded, french evicted
         info["now"] = LoraInfo(running=("dutch",), max_loras=2)
-        replica.record_routing_stats()
-        await replica._lora_refresh
-        return first, second, replica.record_routing_stats()
+        second = await replica.record_routing_stats()
+        return first, second, await replica.record_routing_stats()
 
     first, second, third = asyncio.run(serve_reports())
-    assert first["loras"] == ("german",) and second["loras"] == ("french", "german")
-    assert third["loras"] == ("dutch", "german") and third["max_loras"] == 2
+    assert first["loras"] == ("french", "german")  # german running, french idle in the cache
+    assert second["loras"] == third["loras"] == ("dutch", "german") and third["max_loras"] == 2
     assert [v for v in evictions.values("inc", tier="", pool="decode", replica="interactive-decode-r1") if v] == [1]
+
+
+def test_serves_routing_stats_hook_is_async_so_it_runs_on_the_replicas_loop():
+    """Ray Serve runs a sync user hook in a thread pool (RAY_SERVE_RUN_SYNC_IN_THREADPOOL, on by
+    default in Ray 2.60): there no call into the EngineCore can be awaited, and vLLM's adapter
+    cache was never read on real replicas. An async hook runs on the replica's loop."""
+    import inspect
+
+    from ray.serve._private import constants
+
+    from cluster.engine.replica import EngineReplica
+    from decode_workers.deployment import DecodeWorker
+    from prefill_workers.deployment import PrefillWorker
+
+    assert constants.REQUEST_ROUTING_STATS_METHOD == "record_routing_stats"  # the name Serve calls
+    for cls in (EngineReplica, DecodeWorker.func_or_class, PrefillWorker.func_or_class):  # the deployments' classes
+        assert inspect.iscoroutinefunction(cls.record_routing_stats), cls

@@ -37,6 +37,7 @@ import httpx
 import yaml
 
 from loadtest.bench.loadgen import stream_one
+from loadtest.bench.figures import pyplot, save
 from loadtest.bench.tandem_run import TandemRun, machine, replica_states, resolved_config
 from loadtest.bench.workload import ScheduledRequest
 from loadtest.measure.prom import metric_by
@@ -161,12 +162,8 @@ def summarize(args: argparse.Namespace, cfg: dict, model: str, records: list, en
 
 def plot(result: dict[str, Any], path: Path) -> Optional[Path]:
     """Each decode engine's running streams over time, the removal marked."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
+    plt = pyplot()
+    if plt is None:
         return None
     fig, ax = plt.subplots(figsize=(9, 4))
     replicas = sorted({r for s in result["timeline"] for r in s["running"]})
@@ -186,10 +183,7 @@ def plot(result: dict[str, Any], path: Path) -> Optional[Path]:
                  f"{result['workload']['max_tokens']} tokens: {whole} whole, {result['migrations']:.0f} migrated",
                  fontsize=9)
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save(fig, path)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -33,6 +33,7 @@ import httpx
 import psutil
 import yaml
 
+from loadtest.bench.figures import pyplot, save
 from loadtest.bench.tandem_run import TandemRun, machine, replica_states, resolved_config
 from loadtest.measure.percentiles import latency_summary
 
@@ -185,12 +186,8 @@ async def run(args: argparse.Namespace, folder: Path) -> dict[str, Any]:
 
 def plot(result: dict[str, Any], path: Path) -> Optional[Path]:
     """Each round's kill-to-next-token gaps, the migrated streams' marked."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
+    plt = pyplot()
+    if plt is None:
         return None
     fig, ax = plt.subplots(figsize=(8, 4))
     for r in result["rounds"]:
@@ -205,10 +202,7 @@ def plot(result: dict[str, Any], path: Path) -> Optional[Path]:
                  f"{result['streams']} answers equal to an uninterrupted run, {result['failed_streams']} failed",
                  fontsize=9)
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save(fig, path)
 
 
 def main(argv: list[str] | None = None) -> int:

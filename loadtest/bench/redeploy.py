@@ -27,6 +27,7 @@ import httpx
 import yaml
 
 from loadtest.bench.loadgen import stream_one
+from loadtest.bench.figures import pyplot, save
 from loadtest.bench.tandem_run import TANDEM, TandemRun, machine, resolved_config
 from loadtest.bench.workload import ScheduledRequest
 from loadtest.measure.percentiles import latency_summary
@@ -125,12 +126,8 @@ def summarize(args: argparse.Namespace, records: list[dict], redeploy_from: floa
 def plot(result: dict[str, Any], path: Path) -> Optional[Path]:
     """Each request's TTFT against when it was sent, failed ones marked, the redeploy shaded;
     None when matplotlib is missing (the JSON holds every figure)."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
+    plt = pyplot()
+    if plt is None:
         return None
     fig, ax = plt.subplots(figsize=(9, 4))
     window = result["redeploy"]
@@ -146,10 +143,7 @@ def plot(result: dict[str, Any], path: Path) -> Optional[Path]:
     ax.set_title(f"{result['requests']} requests, {result['failed']} failed: {result['workload']['clients']} "
                  f"clients through a redeploy ({result['model']})", fontsize=10)
     ax.legend(loc="upper left", fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save(fig, path)
 
 
 def main(argv: list[str] | None = None) -> int:

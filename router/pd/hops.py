@@ -352,6 +352,11 @@ class Hops:
             if not hops:
                 self._in_flight.pop(request.request_id, None)
 
+    def release(self, request_id: str) -> None:
+        """The request's attempt is over: its decode pick stops counting if its hop never started."""
+        if self._router is not None:
+            self._router.release(request_id)
+
     def _pinned(self, pick: Optional[Pick], request_id: str, streams: bool = False, adapter: Optional[str] = None):
         if pick is None or self._router is None:
             return contextlib.nullcontext()

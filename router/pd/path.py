@@ -124,59 +124,64 @@ class DisaggregatedBackend:
 
     async def _once(self, request: EngineRequest, migration: Migration) -> AsyncIterator[RequestOutput]:
         """One attempt at the answer on the path the router names (module docstring)."""
-        tier = request.tier
-        decision = await self._route(request, migration.exclude)
-        path: Path = "remote" if decision is None else decision.path  # undecided: Serve picks, remote
-        first = prompt_logprobs = None
-        handoff = None
-        route: RouteLabel
-        if decision is not None and path == "whole":
-            try:
-                counted = False
-                migration.ran_on(_replica(decision.prefill))
-                async with contextlib.aclosing(self.hops.whole(request, decision.prefill)) as whole:
-                    async for output in whole:
-                        if not counted:
-                            counted = True
-                            count_route(tier, "prefill_only")
-                        yield output
-                return
-            except WholeFailed as failed:  # before its first token: decode computes it
-                route = "fallback_recompute"
-                count_route(tier, route, failed.reason)
-        elif path == "local":
-            route = "decode_only"  # decode computes the prompt
-            count_route(tier, route)
-        else:
-            reuse = self._reuse_first_token(request, decision)
-            answer = await self.hops.prefill(request, None if decision is None else decision.prefill, reuse)
-            route = count_prefilled(tier, answer.failed)
-            handoff, first, prompt_logprobs = answer.handoff, answer.first, answer.prompt_logprobs
-        offset = text = None
-        if first is not None:
-            # The prefill's token goes out now; decode continues after it.
-            first.prompt_logprobs, prompt_logprobs = prompt_logprobs, None
-            yield first
-            if first.finished:
-                return
-            offset = FirstTokenOffset(first.outputs[0].cumulative_logprob)
-            text = text_after_cut(self._tokenizer, request, new_token_ids(first), first)
-            request = continuation(request, first)
-            if text is not None and text.checks_stops:
-                request = without_stop_strings(request)  # the gateway checks them (answer_text.py)
-        elif prompt_logprobs is not None:
-            request = without_prompt_logprobs(request)
-        decode = None if decision is None else decision.decode
-        migration.ran_on(_replica(decode))
-        async with contextlib.aclosing(self.hops.decode(request, handoff, decode, route=route)) as decoded:
-            async for output in decoded:
-                if prompt_logprobs is not None:
-                    output.prompt_logprobs, prompt_logprobs = prompt_logprobs, None
-                if text is not None:
-                    output = text.restate(output)
-                yield output if offset is None else offset.apply(output)
-                if text is not None and text.stopped:  # the gateway found a stop string: closing decode aborts it
+        try:
+            tier = request.tier
+            decision = await self._route(request, migration.exclude)
+            path: Path = "remote" if decision is None else decision.path  # undecided: Serve picks, remote
+            first = prompt_logprobs = None
+            handoff = None
+            route: RouteLabel
+            if decision is not None and path == "whole":
+                try:
+                    counted = False
+                    migration.ran_on(_replica(decision.prefill))
+                    async with contextlib.aclosing(self.hops.whole(request, decision.prefill)) as whole:
+                        async for output in whole:
+                            if not counted:
+                                counted = True
+                                count_route(tier, "prefill_only")
+                            yield output
                     return
+                except WholeFailed as failed:  # before its first token: decode computes it
+                    route = "fallback_recompute"
+                    count_route(tier, route, failed.reason)
+            elif path == "local":
+                route = "decode_only"  # decode computes the prompt
+                count_route(tier, route)
+            else:
+                reuse = self._reuse_first_token(request, decision)
+                answer = await self.hops.prefill(request, None if decision is None else decision.prefill, reuse)
+                route = count_prefilled(tier, answer.failed)
+                handoff, first, prompt_logprobs = answer.handoff, answer.first, answer.prompt_logprobs
+            offset = text = None
+            if first is not None:
+                # The prefill's token goes out now; decode continues after it.
+                first.prompt_logprobs, prompt_logprobs = prompt_logprobs, None
+                yield first
+                if first.finished:
+                    return
+                offset = FirstTokenOffset(first.outputs[0].cumulative_logprob)
+                text = text_after_cut(self._tokenizer, request, new_token_ids(first), first)
+                request = continuation(request, first)
+                if text is not None and text.checks_stops:
+                    request = without_stop_strings(request)  # the gateway checks them (answer_text.py)
+            elif prompt_logprobs is not None:
+                request = without_prompt_logprobs(request)
+            decode = None if decision is None else decision.decode
+            migration.ran_on(_replica(decode))
+            async with contextlib.aclosing(self.hops.decode(request, handoff, decode, route=route)) as decoded:
+                async for output in decoded:
+                    if prompt_logprobs is not None:
+                        output.prompt_logprobs, prompt_logprobs = prompt_logprobs, None
+                    if text is not None:
+                        output = text.restate(output)
+                    yield output if offset is None else offset.apply(output)
+                    if text is not None and text.stopped:  # the gateway found a stop string: closing decode aborts it
+                        return
+        finally:
+            # Its decode pick was booked in flight at the route (routing/ledger.py): released
+            # here if its decode hop never started (the client left, the prefill failed the request).
+            self.hops.release(request.request_id)
 
     async def _route(self, request: EngineRequest, exclude: Collection[str] = ()) -> Optional[RouteDecision]:
         if self._router is None:

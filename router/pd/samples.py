@@ -106,6 +106,7 @@ async def generate_n(hops: Hops, route: Route, request: EngineRequest,
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
+            hops.release(samples[0].request_id)  # the route booked sample 0's decode pick
 
 
 async def _prefill_once(hops: Hops, route: Route, first: EngineRequest):

@@ -65,6 +65,10 @@ class LoadLedger:
         # replica_id → adapter name → this gateway's hops with it there: the engine holds those
         # adapters now, whatever its last report (a second old) says.
         self._adapters: dict[str, dict[str, int]] = {}
+        # request_id → the decode replica picked for it, counted in flight from the pick: its hop
+        # starts only after the prompt's prefill (seconds in a burst), and requests routed
+        # meanwhile would all see that replica idle and pile onto it.
+        self._booked: dict[str, str] = {}
 
     # -- what the decider reads ----------------------------------------------------------------
 
@@ -98,8 +102,28 @@ class LoadLedger:
         while len(self._pending) > self._max_pending:
             self._pending.pop(next(iter(self._pending)))
 
-    def start(self, request_id: str, worker: Worker, adapter: Optional[str] = None) -> None:
+    def book(self, request_id: str, worker: Worker) -> None:
+        """The request's decode replica, chosen by the router: in flight there from now until its
+        decode hop starts (`start` on a decode worker takes the booking over) or `unbook`."""
+        self.unbook(request_id)  # routed again (a continuation): the new pick replaces the old
+        self._booked[request_id] = worker.replica_id
         self._in_flight[worker.replica_id] = self._in_flight.get(worker.replica_id, 0) + 1
+        while len(self._booked) > self._max_pending:  # bounded even if an owner never unbooks
+            self.unbook(next(iter(self._booked)))
+
+    def unbook(self, request_id: str) -> None:
+        """The request ended before its decode hop started (or never had one booked)."""
+        replica_id = self._booked.pop(request_id, None)
+        if replica_id is not None:
+            _release(self._in_flight, replica_id, 1)
+
+    def start(self, request_id: str, worker: Worker, adapter: Optional[str] = None) -> None:
+        if worker.pool == "decode" and self._booked.get(request_id) == worker.replica_id:
+            del self._booked[request_id]  # counted since the pick
+        else:
+            if worker.pool == "decode":
+                self.unbook(request_id)  # another decode replica after all (Serve's pick, a fallback)
+            self._in_flight[worker.replica_id] = self._in_flight.get(worker.replica_id, 0) + 1
         if adapter is not None:
             held = self._adapters.setdefault(worker.replica_id, {})
             held[adapter] = held.get(adapter, 0) + 1
@@ -143,7 +167,7 @@ class LoadLedger:
         for replica_id in list(self._done):
             self.recently_done(replica_id)
         maps = {"in_flight": self._in_flight, "queued_tokens": self._queued_tokens, "pending": self._pending,
-                "prompts": self._prompts, "done": self._done, "adapters": self._adapters}
+                "prompts": self._prompts, "done": self._done, "adapters": self._adapters, "booked": self._booked}
         return {name: len(entries) for name, entries in maps.items() if entries}
 
 

@@ -226,6 +226,8 @@ class KVRouter:
                 # runs it whole now.
                 path = "whole"
         local = path == "local"
+        if decode is not None and path != "whole":
+            self._ledger.book(request.request_id, decode.worker)
         if local:
             prefill = None
             self._ledger.expect(request.request_id, ctx.prompt_tokens - _hit_tokens(decode, ctx))
@@ -330,6 +332,11 @@ class KVRouter:
         # Returned: a prefill hop computed its prompt (router/pd/hops.py catches its failures
         # inside); a stream that ended before its first token computed nothing to time.
         self._prompt_done(request_id, observe=not streams)
+
+    def release(self, request_id: str) -> None:
+        """An attempt at the request is over (router/pd/path.py): its decode pick, booked at the
+        route, stops counting if its decode hop never started."""
+        self._ledger.unbook(request_id)
 
     def observe_handoff(self, chosen: Pick, seconds: float) -> None:
         worker_id = chosen.worker.worker_id

@@ -345,8 +345,10 @@ def test_a_reported_queue_is_discounted_by_this_gateways_prompts_done_since():
     assert first.path == "local"  # 300 tokens reported queued: past half the slack, local
     r._ledger._queued_tokens.clear()
     r._ledger._pending.clear()
+    r.release("a")  # each request here ends at once: its decode pick no longer counts
     # A remote prompt of this gateway's finishes on the prefill replica...
     pick = asyncio.run(r.route(req(20, "warm"), "interactive")).decode  # any pick: only its worker matters
+    r.release("warm")
     prefill_pick = type(pick)(worker=r.workers("interactive", "prefill")[0], score=1.0, scores={})
     r._ledger.expect("b", 300)
     with r.dispatch(prefill_pick, "b"):
@@ -354,5 +356,6 @@ def test_a_reported_queue_is_discounted_by_this_gateways_prompts_done_since():
     # ...so the stale report's 300 tokens are its own: the next prompt goes remote.
     second = asyncio.run(r.route(req(300, "c"), "interactive"))
     assert second.path != "local" and second.prefill is not None
+    r.release("c")
     now[0] += STALE_STATS_S + 0.1  # past the staleness window, the report counts again
     assert asyncio.run(r.route(req(300, "d"), "interactive")).path == "local"

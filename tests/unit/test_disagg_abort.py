@@ -145,3 +145,30 @@ def test_the_serve_router_reads_the_request_id_of_an_abort():
     assert request_id_of(SimpleNamespace(args=("req-9",))) == "req-9"  # abort(request_id)
     assert request_id_of(SimpleNamespace(args=(request(9), None))) == "req-9"  # generate(request, handoff)
     assert request_id_of(SimpleNamespace(args=())) is None
+
+
+def test_a_burst_waiting_for_its_prefills_is_spread_over_the_decode_replicas_and_leaves_nothing_booked():
+    """A request's decode replica is chosen at its route but its hop starts only after the prefill:
+    counted from the pick (the ledger's booking), a burst routed meanwhile spreads; counted from
+    the hop, every request of the burst saw the decode replicas idle (seen on real engines: 3 of
+    4 streams on one of two decode replicas)."""
+    async def main():
+        dirs = {(TIER, pool): PoolDirectory() for pool in ("prefill", "decode")}
+        pools = TierPools(prefill=FakeServePool(dirs[(TIER, "prefill")], ["p0"], hang_prefill=True),
+                          decode=FakeServePool(dirs[(TIER, "decode")], ["d0", "d1", "d2"]))
+        router = KVRouter(directories=dirs, index=None, weights={"load": 1.0}, decider=PDDecider(0, "always"),
+                          subscribe=False, rng=random.Random(7))
+        backend = DisaggregatedBackend(pools={TIER: pools}, decode_streams="per_request", prefill_timeout_s=60,
+                                       router=router)
+        tasks = [asyncio.ensure_future(anext(backend.generate(request(i)))) for i in range(6)]
+        await asyncio.sleep(0.05)  # every request routed, every prefill hanging
+        booked = {r: router._ledger.in_flight(r) for r in ("d0", "d1", "d2")}
+        for task in tasks:  # the clients leave before any decode hop started
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await asyncio.sleep(0.01)
+        return booked, router._ledger.leftovers(), pools
+
+    booked, leftovers, pools = asyncio.run(main())
+    assert booked == {"d0": 2, "d1": 2, "d2": 2}
+    assert pools.decode.calls == [] and set(leftovers) <= {"done"}  # done: the prefills' recent window, timed out later

@@ -127,3 +127,42 @@ def test_every_map_is_empty_once_every_request_has_ended():
     assert set(led.leftovers()) <= {"done"}
     clock.now += STALE_STATS_S + 0.1
     assert led.leftovers() == {}
+
+
+DECODE_2 = Worker("interactive-decode-d1", "d1", "interactive", "decode")
+
+
+def test_a_booked_decode_pick_counts_in_flight_from_the_route_through_its_hop_once():
+    led, _ = ledger()
+    led.book("a", DECODE)
+    assert led.in_flight("d0") == 1 and led.leftovers() == {"in_flight": 1, "booked": 1}
+    led.start("a", PREFILL)  # the prefill hop first: the decode booking stays
+    assert (led.in_flight("p0"), led.in_flight("d0")) == (1, 1)
+    led.end(PREFILL)
+    led.start("a", DECODE)  # the decode hop takes the booking over: still one
+    assert led.in_flight("d0") == 1 and "booked" not in led.leftovers()
+    led.unbook("a")  # the attempt's end: nothing left to release
+    assert led.in_flight("d0") == 1
+    led.end(DECODE)
+    assert led.leftovers() == {}
+
+
+def test_a_booking_moves_to_the_decode_replica_that_ran_and_is_released_if_none_did():
+    led, _ = ledger()
+    led.book("a", DECODE)
+    led.start("a", DECODE_2)  # Serve's pick or a fallback: the other replica after all
+    assert (led.in_flight("d0"), led.in_flight("d1")) == (0, 1)
+    led.end(DECODE_2)
+    led.book("b", DECODE)
+    led.book("b", DECODE_2)  # routed again (a continuation): the new pick replaces the old
+    assert (led.in_flight("d0"), led.in_flight("d1")) == (0, 1)
+    led.unbook("b")  # the client left before decode started
+    led.unbook("b")  # twice: nothing more
+    assert led.leftovers() == {}
+
+
+def test_bookings_are_bounded_when_their_owners_never_release_them():
+    led, _ = ledger(max_pending=3)
+    for i in range(5):
+        led.book(f"r{i}", DECODE)
+    assert led.in_flight("d0") == 3 and led.leftovers() == {"in_flight": 1, "booked": 3}

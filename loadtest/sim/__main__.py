@@ -59,6 +59,9 @@ def _validate_gpu(args: argparse.Namespace) -> int:
         print(f"{LABEL} {name}: {s['simulated']}/{s['rows']} rows; TPOT median error {s['tpot_median_err']:.1%} "
               f"(bar 15%: {'met' if s['tpot_bar_met'] else 'NOT met'}), TTFT {s['ttft_median_err']:.1%} "
               f"(bar 25%: {'met' if s['ttft_bar_met'] else 'NOT met'})")
+    for name, s in out["aic_own_estimate"]["score"].items():
+        print(f"(reference, not held out) AIConfigurator's own estimate, {name}: TPOT {s['tpot_median_err']:.1%}, "
+              f"TTFT {s['ttft_median_err']:.1%}")
     print(f"Written {args.out}")
     return 0
 

@@ -21,7 +21,8 @@ queuing factor, both calibrated by NVIDIA against its silicon corpus) are NOT ap
 engine model (engine.py) does the scheduling itself, and the silicon rows stay held out.
 
 It also copies AIConfigurator's measured end-to-end samples of vLLM serving Llama-3.1 on
-H100/H200 (`systems/silicon_sample.csv`) into the file: validate_gpu.py predicts them.
+H100/H200 (`systems/silicon_sample.csv`) into the file: validate_gpu.py predicts them. Beside
+each, AIC's own end-to-end estimate (`aic_ttft_ms`, `aic_tpot_ms`), a reference only.
 """
 
 from __future__ import annotations
@@ -140,6 +141,23 @@ def silicon_rows() -> list[dict]:
     return sorted(out, key=lambda r: r["id"])
 
 
+def aic_estimates(rows: list[dict]) -> None:
+    """AIConfigurator's own end-to-end estimate of each measured row (its `estimate` command, agg
+    mode), beside it for reference: its vLLM corrections were fitted to these rows, so this is
+    not a held-out figure; it shows what AIC itself makes of the same kernel data."""
+    from aiconfigurator.cli.api import cli_estimate
+
+    for r in rows:
+        print(f"[gen] AIC estimate {r['id']}", file=sys.stderr, flush=True)
+        try:
+            e = cli_estimate(MODELS[r["model"]], SYSTEMS[r["gpu"]], backend_name="vllm", batch_size=r["concurrency"],
+                             isl=r["isl"], osl=r["osl"], tp_size=r["tp"], gemm_quant_mode=r["gemm"])
+            r["aic_ttft_ms"], r["aic_tpot_ms"] = _sig(float(e.ttft)), _sig(float(e.tpot))
+        except Exception as exc:  # an OOM verdict or an unsupported point: no estimate, say why
+            r["aic_ttft_ms"] = r["aic_tpot_ms"] = None
+            r["aic_error"] = str(exc)[:200]
+
+
 def main() -> int:
     logging.disable(logging.WARNING)  # AIC logs every fallback table it loads; none of them is queried here
     tables = []
@@ -151,6 +169,7 @@ def main() -> int:
                     print(f"[gen] {gpu} {model} tp{tp} {gemm}", file=sys.stderr, flush=True)
                     tables.append({"gpu": gpu, "model": model, **table(system, path, tp, gemm, grids)})
     rows = silicon_rows()
+    aic_estimates(rows)
 
     out = {
         "what": "seconds per vLLM engine step, in ms, composed by NVIDIA AIConfigurator from its measured vLLM "

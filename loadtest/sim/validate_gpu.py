@@ -7,8 +7,10 @@ sending an `isl`-token prompt for `osl` tokens; measured TTFT and TPOT. All FP8 
 
 Held out: all of them. The step-time tables come from AIConfigurator's kernel
 microbenchmarks (GEMM, attention, all-reduce), never from these rows, and none of AIC's
-end-to-end corrections (fitted by NVIDIA to this silicon corpus) is applied. Nothing below was
-tuned to the rows; the engine settings are vLLM's defaults, stated in `EngineDefaults`.
+end-to-end corrections (fitted by NVIDIA to this silicon corpus) is applied. No constant below
+was fitted to the rows; the engine settings are vLLM's defaults, stated in `EngineDefaults`. One
+choice was made after a first run, from the rows' own evidence: the arrival pattern (below);
+the first one, lock-step, stays available as `arrivals="lockstep"` and is reported beside it.
 
 How: the simulator's own engine (engine.py: vLLM's scheduler, chunked prefill, KV blocks,
 preemption) with `TableStepTime`, on the simulated clock; `concurrency` clients in a closed

@@ -1,4 +1,5 @@
-"""python -m loadtest.sim validate: replay the recorded goodput runs and score the simulator."""
+"""python -m loadtest.sim validate: replay the recorded goodput runs and score the simulator.
+python -m loadtest.sim validate-gpu: the GPU engine model against AIConfigurator's measured rows."""
 
 from __future__ import annotations
 
@@ -20,7 +21,15 @@ def main(argv: list[str] | None = None) -> int:
     v = sub.add_parser("validate", help="replay loadtest/bench/results/**/goodput.json runs in the simulator")
     v.add_argument("--out", type=Path, default=DEFAULT_OUT)
     v.add_argument("--runs", nargs="*", type=Path, help="result files (default: every run with a calibration)")
+    g = sub.add_parser("validate-gpu", help="the GPU engine model against AIConfigurator's measured vLLM samples")
+    g.add_argument("--out", type=Path, default=DEFAULT_OUT.with_name("validation-gpu.json"))
+    g.add_argument("--max-osl", type=int, help="only rows with at most this many output tokens (quick runs)")
+    g.add_argument("--max-concurrency", type=int, help="only rows with at most this many clients (quick runs)")
+    g.add_argument("--arrivals", choices=("spread", "lockstep"), default="spread",
+                   help="clients' phases spread by a warm-up (the model), or all starting together (a sensitivity)")
     args = p.parse_args(argv)
+    if args.command == "validate-gpu":
+        return _validate_gpu(args)
     paths = [r.resolve() for r in args.runs] if args.runs else validation_runs()
     runs = []
     for path in paths:
@@ -35,6 +44,25 @@ def main(argv: list[str] | None = None) -> int:
           f"{s['within_max_gap']}/{s['cells']} (every-gap), by system {s['within_by_system']}; ranking reproduced in "
           f"{s['ranking_reproduced']}/{s['runs_ranked']} runs (winner {s['winner_reproduced']}/{s['runs_ranked']}); reason mix within 10 points in {s['reason_mix_within']}/"
           f"{s['reason_mix_cells']} cells. Written {args.out}")
+    return 0
+
+
+def _validate_gpu(args: argparse.Namespace) -> int:
+    from loadtest.sim.validate_gpu import validate
+
+    out = validate(max_osl=args.max_osl, max_concurrency=args.max_concurrency, arrivals=args.arrivals)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(out, indent=1, sort_keys=True) + "\n")
+    for name, s in out["score"].items():
+        if name == "by_concurrency":
+            continue
+        print(f"{LABEL} {name}: {s['simulated']}/{s['rows']} rows; TPOT median error {s['tpot_median_err']:.1%} "
+              f"(bar 15%: {'met' if s['tpot_bar_met'] else 'NOT met'}), TTFT {s['ttft_median_err']:.1%} "
+              f"(bar 25%: {'met' if s['ttft_bar_met'] else 'NOT met'})")
+    for name, s in out["aic_own_estimate"]["score"].items():
+        print(f"(reference, not held out) AIConfigurator's own estimate, {name}: TPOT {s['tpot_median_err']:.1%}, "
+              f"TTFT {s['ttft_median_err']:.1%}")
+    print(f"Written {args.out}")
     return 0
 
 

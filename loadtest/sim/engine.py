@@ -60,6 +60,7 @@ class SimRequest:
     blocks: list[int] = field(default_factory=list)
     kv_ready: bool = False
     cached_tokens: int = 0  # prefix-cache hit at its (last) admission
+    cached_run: tuple = (None, 0)  # (the blocks list it is about, its leading blocks known cached)
     done: asyncio.Event = field(default_factory=asyncio.Event)
     first: asyncio.Event = field(default_factory=asyncio.Event)
 
@@ -221,7 +222,13 @@ class SimEngine:
 
     def _cache_prompt_blocks(self, r: SimRequest, upto_tokens: int) -> None:
         full = min(upto_tokens, r.prompt_tokens) // self.params.block_size
-        self.pool.cache(r.blocks[:full], r.hashes[:full])
+        # A leading block already cached stays cached while r holds it (a referenced block is
+        # never evicted), and pool.cache would skip it: start after that run. Same events, and
+        # a decode step no longer walks every prompt block (the GPU validation's long prompts).
+        start = r.cached_run[1] if r.cached_run[0] is r.blocks else 0
+        start = min(start, full)
+        self.pool.cache(r.blocks[start:full], r.hashes[start:full])
+        r.cached_run = (r.blocks, self.pool.cached_run(r.blocks, start, full))
 
     # -- the step loop ---------------------------------------------------------------------------
 
@@ -240,6 +247,7 @@ class SimEngine:
                 prefill_tokens=sum(n for r, n in scheduled.items() if r.prefilling),
                 context_tokens=sum(r.computed + n for r, n in scheduled.items()),
                 attention_pairs=sum(n * (2 * r.computed + n + 1) // 2 for r, n in scheduled.items()),
+                decode_context_tokens=sum(r.computed + n for r, n in scheduled.items() if not r.prefilling),
             )
             seconds = self.step_model.step_s(shape) * self._slowdown()
             await asyncio.sleep(seconds)

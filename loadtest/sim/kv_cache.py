@@ -103,6 +103,13 @@ class BlockPool:
         if stored:
             self._publish(BlockStored(self.worker_id, tuple(stored)))
 
+    def cached_run(self, blocks: Sequence[int], start: int, end: int) -> int:
+        """The index of the first block in blocks[start:end] not cached (end when all are)."""
+        i = start
+        while i < end and blocks[i] in self._hash_of:
+            i += 1
+        return i
+
     def free(self, blocks: Sequence[int]) -> None:
         """Release one request's blocks, tail first (its tail is evicted first)."""
         for b in reversed(blocks):

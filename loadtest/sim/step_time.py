@@ -8,11 +8,10 @@
 - `Roofline`: a lower bound for an accelerator: a step costs at least its FLOPs at peak compute
   and at least its bytes (weights once, the KV it reads and writes) at peak memory bandwidth,
   times efficiencies you state. A bound, never a measurement: label it so.
-- AIConfigurator / AISimulate tables (NVIDIA, Apache-2.0): TODO. The issue asks for tables
-  generated offline for H100/H200 x vLLM x Llama-3.1-8B/70B from their measured data, committed
-  as a small data file with provenance and license notice; the tool stays out of tandem's
-  dependencies. A `TableStepTime` implementing `StepTimeModel` (interpolating step seconds over
-  decode batch x prefill tokens x context) is the slot; nothing here fakes it.
+- `TableStepTime` (step_table.py): H100/H200 x vLLM x Llama-3.1-8B/70B, interpolated from tables
+  NVIDIA AIConfigurator (Apache-2.0) composed offline from its measured vLLM kernel data
+  (gpu_tables/: the data file, its generator, NOTICE); validated by validate_gpu.py against
+  AIConfigurator's measured serving samples. The tool stays out of tandem's dependencies.
 """
 
 from __future__ import annotations
@@ -30,6 +29,7 @@ class StepShape:
     prefill_tokens: int  # prompt tokens computed this step (all prefill chunks)
     context_tokens: int  # KV positions read: each scheduled request's context after the step
     attention_pairs: int = 0  # (query token, key position) pairs: a chunk of n after c computed adds n·(c + (n+1)/2)
+    decode_context_tokens: int = 0  # the decoding requests' share of context_tokens (their attention pairs too)
 
 
 class StepTimeModel(Protocol):

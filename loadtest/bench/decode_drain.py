@@ -92,7 +92,10 @@ def removal(timeline: list[dict], streams_ended_s: float) -> dict[str, Any]:
     removed = sorted(set(stopping["running"]) - set(timeline[-1]["running"]))
     if removed:
         drained = sum(stopping["running"][r] for r in removed)
-        last_busy = max((s["t_s"] for s in timeline for r in removed if s["running"].get(r, 0) > 0), default=None)
+        # vLLM's gauge moves only when its engine steps: a removed engine's last reading can stay
+        # at its streams' count past their end, so the client's end bounds it.
+        seen_busy = max((s["t_s"] for s in timeline for r in removed if s["running"].get(r, 0) > 0), default=None)
+        last_busy = streams_ended_s if seen_busy is None else min(seen_busy, streams_ended_s)
     else:
         drained = min(stopping["running"].values(), default=0)
         last_busy = streams_ended_s

@@ -37,6 +37,8 @@ def test_the_removed_replica_is_the_one_whose_series_left_and_it_drained_what_it
     assert gone == {"scaled_down": True, "stopping_at_s": 10, "gone_at_s": 50, "removed_replica": ["a"],
                     "identified": True, "running_at_stop": {"a": 2, "b": 1}, "drained_streams": 2,
                     "removed_last_busy_s": 30}
+    # A gauge still reading busy after every stream ended (the engine stopped stepping): the end bounds it.
+    assert removal(timeline, streams_ended_s=25.0)["removed_last_busy_s"] == 25.0
 
 
 def test_before_a_series_leaves_the_removed_replica_is_unknown_and_the_drain_a_lower_bound() -> None:

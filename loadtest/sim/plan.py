@@ -69,7 +69,7 @@ def objectives(tier) -> tuple[Objective, Objective]:
 
 def run(args: argparse.Namespace) -> dict:
     if getattr(args, "duration", None) is None:
-        args.duration = 15.0 if getattr(args, "gpus", None) else 30.0
+        args.duration = 12.0 if getattr(args, "gpus", None) else 30.0
     if getattr(args, "gpus", None):
         from loadtest.sim.plan_gpus import run_sized
 

@@ -98,6 +98,11 @@ def run_sized(args: argparse.Namespace) -> dict:
     rates = auto_rates(capacity) if args.rates in (None, "auto") else tuple(float(x) for x in args.rates.split(","))
     bandwidths = [float(x) for x in args.bandwidths_gbps.split(",")]
     tandem_cost, vllm_cost = from_benchmark("tandem"), from_benchmark("vllm")
+    runs = len(rates) * (1 + len(bandwidths) * (len(candidates) - 1) * len(modes))
+    # The wall time follows the simulated requests (~500-1,000 per CPU-second here): say it first.
+    print(f"{LABEL}: {runs} runs, ~{round(sum(rates) * args.duration * runs / len(rates)):,} simulated requests "
+          f"(colocated + {len(candidates) - 1} P:D splits x {len(modes)} modes, {len(rates)} loads, "
+          f"{len(bandwidths)} KV links)", flush=True)
     rows = []
     for rate in rates:
         schedule = poisson_schedule(mix, rate, args.duration, args.seed)

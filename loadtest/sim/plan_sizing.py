@@ -104,8 +104,8 @@ def capacity_rps(step: StepTimeModel, kinds: Sequence[tuple[float, int, int]], e
     return engines / seconds
 
 
-def auto_rates(capacity: float, fractions: Iterable[float] = (0.4, 0.8, 1.2)) -> tuple[float, ...]:
-    """Offered loads from below to past the estimated capacity (2 significant figures). Three:
+def auto_rates(capacity: float, fractions: Iterable[float] = (0.4, 0.7, 1.0, 1.3)) -> tuple[float, ...]:
+    """Offered loads from below to past the estimated capacity (2 significant figures). Four:
     the score is a candidate's best over them, and each costs a run of every candidate."""
     return tuple(sorted({float(f"{max(capacity * f, 0.01):.2g}") for f in fractions}))
 

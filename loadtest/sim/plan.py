@@ -68,12 +68,12 @@ def objectives(tier) -> tuple[Objective, Objective]:
 
 
 def run(args: argparse.Namespace) -> dict:
-    if getattr(args, "duration", None) is None:
-        args.duration = 12.0 if getattr(args, "gpus", None) else 30.0
     if getattr(args, "gpus", None):
         from loadtest.sim.plan_gpus import run_sized
 
         return run_sized(args)
+    if args.duration is None:
+        args.duration = 30.0
     cfg = ClusterConfig.load(args.config)
     tier_name, tier = next(iter(cfg.tiers.items()))
     shape = MODELS[args.model]

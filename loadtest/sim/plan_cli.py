@@ -30,8 +30,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--modes", default="adaptive,always", help="with --gpus: tandem's disaggregation modes run on "
                                                               "every P:D split (colocated is always run)")
     p.add_argument("--max-splits", type=int, default=7, help="with --gpus: at most this many P:D splits, evenly spaced")
-    p.add_argument("--duration", type=float, help="seconds of offered load (default 30; with --gpus 12, so that the "
-                                                  "default sweep takes about a minute on two cores)")
+    p.add_argument("--duration", type=float, help="seconds of offered load (default 30; with --gpus 10, shortened "
+                                                  "to --max-requests)")
+    p.add_argument("--max-requests", type=int, default=40_000,
+                   help="with --gpus and no --duration: shorten the load so the sweep simulates at most this many "
+                        "requests (~500 per CPU-second on a 2-core VM), not below max(4 s, 4 TTFT objectives)")
     p.add_argument("--prefill-share", type=float, default=0.7)
     p.add_argument("--long", default="2048:64", help="prefill-heavy prompt:output tokens")
     p.add_argument("--short", default="128:512", help="decode-heavy prompt:output tokens")

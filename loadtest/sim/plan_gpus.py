@@ -25,12 +25,15 @@ from loadtest.sim.control_plane import from_benchmark
 from loadtest.sim.engine import EngineParams
 from loadtest.sim.network import LinkSpec
 from loadtest.sim.plan import GPU_BLOCK_SIZE, objectives, step_choice, workload
-from loadtest.sim.plan_sizing import GpuBudget, Split, auto_rates, capacity_rps, recommend, score, splits
+from loadtest.sim.plan_sizing import (GpuBudget, Split, auto_rates, capacity_rps, drain_s, fit_duration, recommend,
+                                      score, splits)
 from loadtest.sim.plan_step import describe
 from loadtest.sim.pools import Hardware, engine_params
 from loadtest.sim.run import simulate_colocated, simulate_tandem
 from loadtest.sim.step_time import MODELS
 from loadtest.sim.validate_gpu import EMBED_PARAMS, EngineDefaults, kv_blocks
+
+DEFAULT_DURATION_S = 10.0  # seconds of load per run unless --max-requests shortens it
 
 
 def gpu_kv_bytes(gpu: str, model: str, tp: int, gemm: str) -> Optional[int]:
@@ -98,18 +101,24 @@ def run_sized(args: argparse.Namespace) -> dict:
     rates = auto_rates(capacity) if args.rates in (None, "auto") else tuple(float(x) for x in args.rates.split(","))
     bandwidths = [float(x) for x in args.bandwidths_gbps.split(",")]
     tandem_cost, vllm_cost = from_benchmark("tandem"), from_benchmark("vllm")
-    runs = len(rates) * (1 + len(bandwidths) * (len(candidates) - 1) * len(modes))
-    # The wall time follows the simulated requests (~500-1,000 per CPU-second here): say it first.
-    print(f"{LABEL}: {runs} runs, ~{round(sum(rates) * args.duration * runs / len(rates)):,} simulated requests "
-          f"(colocated + {len(candidates) - 1} P:D splits x {len(modes)} modes, {len(rates)} loads, "
-          f"{len(bandwidths)} KV links)", flush=True)
+    runs_per_load = 1 + len(bandwidths) * (len(candidates) - 1) * len(modes)
+    duration = args.duration if args.duration is not None else \
+        fit_duration(DEFAULT_DURATION_S, rates, runs_per_load, args.max_requests, max(4.0, 4 * tier.slo.ttft_s))
+    drain = drain_s(duration, tier.slo.ttft_s, tier.slo.itl_s,
+                    max(mix.prefill_heavy.output_tokens, mix.decode_heavy.output_tokens))
+    requests = round(sum(rates) * duration * runs_per_load)
+    # The wall time follows the simulated requests: say it first. ~360 per CPU-second, drains
+    # included, measured for the 16xH200 70B example on a 2-core VM (25,460 in 70 s): a rough guide.
+    print(f"{LABEL}: {runs_per_load * len(rates)} runs of {duration:g} s, ~{requests:,} simulated requests (colocated + "
+          f"{len(candidates) - 1} P:D splits x {len(modes)} modes, {len(rates)} loads, {len(bandwidths)} KV links); "
+          f"roughly {max(requests / 360 / 60, 0.1):.1f} min", flush=True)
     rows = []
     for rate in rates:
-        schedule = poisson_schedule(mix, rate, args.duration, args.seed)
+        schedule = poisson_schedule(mix, rate, duration, args.seed)
         # Colocated engines pull no KV: one run serves every bandwidth's comparison.
-        res = simulate_colocated(engines, colocated, step, vllm_cost, schedule, drain_timeout_s=args.duration,
+        res = simulate_colocated(engines, colocated, step, vllm_cost, schedule, drain_timeout_s=drain,
                                  control_cores=args.control_cores, shares_engine_cores=None)
-        coloc = _row(candidates[0], "colocated", rate, res, mean, every, args.duration)
+        coloc = _row(candidates[0], "colocated", rate, res, mean, every, duration)
         rows += [{**coloc, "bandwidth_gbps": bw} for bw in bandwidths]
         for gbps in bandwidths:
             hw = Hardware(step_model=lambda t, r: step, kv_bytes_per_token=shape.kv_bytes_per_token,
@@ -117,9 +126,9 @@ def run_sized(args: argparse.Namespace) -> dict:
             for split in candidates[1:]:
                 for mode in modes:
                     res = simulate_tandem(sized_config(cfg, tier_name, split, mode, kv_bytes), hw, tandem_cost, schedule,
-                                          seed=args.seed, drain_timeout_s=args.duration, control_cores=args.control_cores,
+                                          seed=args.seed, drain_timeout_s=drain, control_cores=args.control_cores,
                                           shares_engine_cores=None, tier=tier_name)
-                    rows.append({**_row(split, mode, rate, res, mean, every, args.duration), "bandwidth_gbps": gbps})
+                    rows.append({**_row(split, mode, rate, res, mean, every, duration), "bandwidth_gbps": gbps})
     slo = f"TTFT {mean.ttft_ms:g} ms, mean ITL {mean.mean_itl_ms:g} ms"
     rec = recommend(score(rows, {s.label: s for s in candidates}), budget.gpu, slo)
     return {"label": LABEL, "what": f"tandem plan --gpus {budget}: simulated goodput of every P:D split and colocated",
@@ -140,7 +149,11 @@ def run_sized(args: argparse.Namespace) -> dict:
                            "score": "per candidate: best goodput over the offered loads, least over the bandwidths",
                            "wall_s": round(time.monotonic() - started, 1)},
             "workload": {"mix": {"long": args.long, "short": args.short, "prefill_share": args.prefill_share},
-                         "rates_rps": list(rates), "duration_s": args.duration, "seed": args.seed},
+                         "rates_rps": list(rates), "duration_s": duration, "drain_s": drain, "seed": args.seed,
+                         "simulated_requests": requests,
+                         "duration_from": "--duration" if args.duration is not None else
+                         f"the default {DEFAULT_DURATION_S:g} s" if duration >= DEFAULT_DURATION_S else
+                         f"the default {DEFAULT_DURATION_S:g} s shortened to fit --max-requests {args.max_requests}"},
             "objectives": {"ttft_ms": mean.ttft_ms, "mean_itl_ms": mean.mean_itl_ms, "max_gap_ms": every.max_gap_ms},
             "rows": rows}
 

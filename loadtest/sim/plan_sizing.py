@@ -110,6 +110,22 @@ def auto_rates(capacity: float, fractions: Iterable[float] = (0.4, 0.7, 1.0, 1.3
     return tuple(sorted({float(f"{max(capacity * f, 0.01):.2g}") for f in fractions}))
 
 
+def fit_duration(duration: float, rates: Sequence[float], runs_per_load: int, max_requests: int,
+                 floor: float) -> float:
+    """The seconds of load per run, shortened so the whole sweep simulates at most `max_requests`
+    (its wall time follows the request count), never below `floor`."""
+    per_second = sum(rates) * runs_per_load
+    if per_second <= 0:
+        return duration
+    return round(max(min(duration, max_requests / per_second), floor), 1)
+
+
+def drain_s(duration: float, ttft_s: float, itl_s: float, max_output: int) -> float:
+    """How long after the last arrival to wait: at least what a request that meets the SLO may
+    take (TTFT + its output at the mean-ITL bound), so none that would count is cut off."""
+    return max(duration, ttft_s + max_output * itl_s)
+
+
 @dataclass(frozen=True)
 class Scored:
     """A candidate's goodput under the SLO: its best over the offered loads, per KV bandwidth."""

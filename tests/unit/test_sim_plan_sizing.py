@@ -12,7 +12,8 @@ from cluster.cli import main
 from cluster.config import ClusterConfig
 from cluster.config.pools import AutoscalingConfig
 from loadtest.sim.plan_gpus import gpu_kv_bytes, sized_config
-from loadtest.sim.plan_sizing import GpuBudget, Split, auto_rates, capacity_rps, recommend, score, splits
+from loadtest.sim.plan_sizing import (GpuBudget, Split, auto_rates, capacity_rps, drain_s, fit_duration, recommend,
+                                      score, splits)
 from loadtest.sim.step_table import TableStepTime
 
 CONFIGS = Path(__file__).resolve().parents[2] / "loadtest" / "sim" / "configs"
@@ -63,6 +64,19 @@ def test_the_load_grid_brackets_the_estimated_capacity():
     assert four == pytest.approx(4 * one) and one > 0
     rates = auto_rates(four)
     assert rates == tuple(sorted(rates)) and rates[0] < four < rates[-1]
+
+
+def test_the_duration_shrinks_to_the_request_budget_but_not_below_its_floor():
+    rates, runs = (10.0, 30.0), 5  # 200 requests per second of load over the sweep
+    assert fit_duration(12.0, rates, runs, 10_000, 4.0) == 12.0  # 2,400 fit
+    assert fit_duration(12.0, rates, runs, 1_000, 4.0) == 5.0
+    assert fit_duration(12.0, rates, runs, 100, 4.0) == 4.0
+    assert sum(rates) * runs * fit_duration(12.0, rates, runs, 1_000, 4.0) <= 1_000
+
+
+def test_the_drain_waits_for_any_request_that_could_still_meet_the_slo():
+    assert drain_s(12.0, 1.0, 0.04, 512) == pytest.approx(1.0 + 512 * 0.04)
+    assert drain_s(30.0, 1.0, 0.04, 64) == 30.0
 
 
 def test_sized_config_sets_replicas_gpus_kv_and_pins_autoscaling():
@@ -142,4 +156,5 @@ def test_plan_with_a_gpu_budget_recommends_the_best_swept_split(tmp_path, capsys
     assert max(worst.values()) > 0  # light loads: something meets the SLO
     assert len(set(worst.values())) > 1  # the loads separate the candidates: the pick above is a real choice
     out = capsys.readouterr().out
+    assert result["workload"]["drain_s"] >= 1.0 + 512 * 0.04  # the default mix's longest answer at the ITL bound
     assert "SIMULATED plan for 8xH200" in out and f"recommended: {rec['candidate']}" in out

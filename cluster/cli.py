@@ -314,7 +314,8 @@ def main(argv: list[str] | None = None) -> int:
     push.set_defaults(fn=cmd_grafana_push)
     from loadtest.sim.plan_cli import add_arguments as plan_arguments
 
-    plan = sub.add_parser("plan", help="SIMULATED goodput of a config: adaptive / always / never / colocated")
+    plan = sub.add_parser("plan", help="SIMULATED goodput of a config: adaptive / always / never / colocated; "
+                                       "with --gpus 16xH200, the P:D split of that budget it recommends")
     plan_arguments(plan)
     plan.set_defaults(fn=cmd_plan)
     args = parser.parse_args(argv)

@@ -1,13 +1,14 @@
 """`tandem plan`: simulated goodput of a cluster config under a workload, for tandem adaptive,
 always-disaggregated and never-disaggregated (decode engines alone), and the same engines
-colocated (each does both phases), over a range of offered loads and KV-link bandwidths.
+colocated (each does both phases), over a range of offered loads and KV-link bandwidths; with
+`--gpus 16xH200`, the P:D splits of that GPU budget instead, and a recommendation (plan_gpus.py).
 
-SIMULATED, every figure: the step time is a roofline bound with stated efficiencies (or this
-project's CPU fit), the KV link a swept range, the control plane the CPU costs measured by the
-control-plane benchmark on its own cores. The JSON and the plot carry that provenance. What is
-not in yet (issue 32): AIConfigurator-derived step tables, recommended P:D ratios and replica
-counts, the GPU validation; until the engine model is validated against GPU data, a GPU-scale
-result here is a what-if, not a measurement.
+SIMULATED, every figure: the step time is AIConfigurator's GPU tables where they hold the GPU x
+model x TP, else a roofline bound with stated efficiencies (plan_step.py), the KV link a swept
+range, the control plane the CPU costs measured by the control-plane benchmark on its own cores.
+The JSON and the plot carry that provenance, the tables' validation against measured vLLM rows
+included (results/validation-gpu.json: TPOT within its bar on 70B, TTFT not): a GPU-scale result
+here is a what-if, not a measurement.
 """
 
 from __future__ import annotations
@@ -24,8 +25,9 @@ from loadtest.sim.control_plane import from_benchmark
 from loadtest.sim.engine import EngineParams
 from loadtest.sim.network import LinkSpec
 from loadtest.sim.pools import Hardware, engine_params
+from loadtest.sim.plan_step import StepChoice, choose_step_time, describe
 from loadtest.sim.run import simulate_colocated, simulate_tandem
-from loadtest.sim.step_time import ACCELERATORS, MODELS, Roofline  # noqa: F401 (names in plan_cli's choices)
+from loadtest.sim.step_time import MODELS
 
 GPU_BLOCK_SIZE = 16  # vLLM's default block size on CUDA
 SYSTEMS = ("adaptive", "always", "never", "colocated")
@@ -36,21 +38,56 @@ def _kind(name: str, spec: str) -> RequestKind:
     return RequestKind(name, prompt, output)
 
 
+def accelerator(args: argparse.Namespace) -> str:
+    """The GPU: --gpus's, else --accelerator's, else H200; both given must agree."""
+    if not getattr(args, "gpus", None):
+        return args.accelerator or "H200"
+    from loadtest.sim.plan_sizing import GpuBudget
+
+    try:
+        gpu = GpuBudget.parse(args.gpus).gpu
+    except ValueError as exc:
+        raise SystemExit(str(exc))
+    if args.accelerator and args.accelerator != gpu:
+        raise SystemExit(f"--accelerator {args.accelerator} contradicts --gpus {args.gpus}")
+    return gpu
+
+
+def step_choice(args: argparse.Namespace) -> StepChoice:
+    return choose_step_time(args.step_time, accelerator(args), args.model, args.tp, args.gemm, args.mfu, args.mbu)
+
+
+def workload(args: argparse.Namespace) -> Mix:
+    return Mix(_kind("prefill-heavy", args.long), _kind("decode-heavy", args.short), args.prefill_share)
+
+
+def objectives(tier) -> tuple[Objective, Objective]:
+    """(TTFT + mean ITL, the same + every gap): the goodput benchmark's two judgements."""
+    return (Objective(tier.slo.ttft_s * 1000, tier.slo.itl_s * 1000),
+            Objective(tier.slo.ttft_s * 1000, tier.slo.itl_s * 1000, tier.slo.gap_s * 1000))
+
+
 def run(args: argparse.Namespace) -> dict:
+    if getattr(args, "gpus", None):
+        from loadtest.sim.plan_gpus import run_sized
+
+        return run_sized(args)
+    if args.duration is None:
+        args.duration = 30.0
     cfg = ClusterConfig.load(args.config)
     tier_name, tier = next(iter(cfg.tiers.items()))
     shape = MODELS[args.model]
-    step = Roofline(ACCELERATORS[args.accelerator], shape, args.tp, args.mfu, args.mbu)
-    mix = Mix(_kind("prefill-heavy", args.long), _kind("decode-heavy", args.short), args.prefill_share)
-    mean = Objective(tier.slo.ttft_s * 1000, tier.slo.itl_s * 1000)
-    every = Objective(tier.slo.ttft_s * 1000, tier.slo.itl_s * 1000, tier.slo.gap_s * 1000)
+    choice = step_choice(args)
+    step = choice.model
+    mix = workload(args)
+    mean, every = objectives(tier)
     engines = tier.prefill.replicas + tier.decode.replicas
     cost = from_benchmark("tandem")
     rows = []
     for gbps in (float(x) for x in args.bandwidths_gbps.split(",")):
         hw = Hardware(step_model=lambda t, r: step, kv_bytes_per_token=shape.kv_bytes_per_token,
                       default_block_size=GPU_BLOCK_SIZE, link=LinkSpec(gbps * 1e9 / 8, args.transfer_fixed_ms / 1000))
-        for rate in (float(x) for x in args.rates.split(",")):
+        for rate in (float(x) for x in (args.rates or "1,2,4,8").split(",")):
             schedule = poisson_schedule(mix, rate, args.duration, args.seed)
             for system in SYSTEMS:
                 if system == "colocated":
@@ -69,13 +106,15 @@ def run(args: argparse.Namespace) -> dict:
                              "mean_itl_p50_ms": s["mean_itl"].get("p50_ms"), "reasons": result.trace.reasons(),
                              "control_plane": result.control})
     return {"label": LABEL, "what": "tandem plan: simulated goodput per system, offered load and KV bandwidth",
-            "provenance": {"step_time": step.provenance(), "kv_link": {"bandwidths_gbps": args.bandwidths_gbps,
+            "provenance": {"step_time": choice.provenance(), "kv_link": {"bandwidths_gbps": args.bandwidths_gbps,
                                                                        "fixed_ms": args.transfer_fixed_ms},
                            "control_plane": {"tandem": cost.source, "cores": args.control_cores},
                            "config": str(args.config), "tier": tier_name, "engines": engines,
-                           "validated": "engine model on CPU only (python -m loadtest.sim validate); not on GPU data"},
+                           "validated": {"cpu": "python -m loadtest.sim validate (results/validation.json)",
+                                         "step_time": choice.validation["summary"] if choice.validation else
+                                         "a roofline bound: not validated"}},
             "workload": {"mix": {"long": args.long, "short": args.short, "prefill_share": args.prefill_share},
-                         "rates_rps": args.rates, "duration_s": args.duration, "seed": args.seed},
+                         "rates_rps": args.rates or "1,2,4,8", "duration_s": args.duration, "seed": args.seed},
             "objectives": {"ttft_ms": mean.ttft_ms, "mean_itl_ms": mean.mean_itl_ms, "max_gap_ms": every.max_gap_ms},
             "rows": rows}
 
@@ -95,9 +134,8 @@ def plot(result: dict, path: Path) -> None:
         ax.set(title=f"KV link {bw:g} Gbit/s", xlabel="offered load (req/s)", ylabel="goodput (req/s)")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
-    st = result["provenance"]["step_time"]
-    fig.suptitle(f"{LABEL}: not measured. Step time {st['kind']} ({st['model']['name']} on {st['accelerator']['name']}, "
-                 f"tp {st['tp']}, mfu {st['mfu']}, mbu {st['mbu']})", fontsize=10, color="darkred")
+    fig.suptitle(f"{LABEL}: not measured. Step time: {describe(result['provenance']['step_time'])}",
+                 fontsize=8, color="darkred", wrap=True)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -107,12 +145,21 @@ def main(args: argparse.Namespace) -> int:
     result = run(args)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "plan.json").write_text(json.dumps(result, indent=1, sort_keys=True) + "\n")
+    sized = "recommendation" in result
+    if sized:
+        from loadtest.sim.plan_gpus import plot_sized as draw, report
+    else:
+        draw = plot
     try:
-        plot(result, args.out / "plan.png")
+        draw(result, args.out / "plan.png")
     except ImportError:
         print("plan.png not drawn: matplotlib is missing (pip install -e '.[loadtest]')")
-    print(f"{LABEL} goodput (req/s, TTFT + mean ITL), tier {result['provenance']['tier']}:")
-    for r in result["rows"]:
-        print(f"  link {r['bandwidth_gbps']:>6g} Gbit/s  load {r['rate_rps']:>5g}  {r['system']:<10} {r['goodput_rps']:.3f}")
+    print(f"step time: {describe(result['provenance']['step_time'])}")
+    if sized:
+        report(result)
+    else:
+        print(f"{LABEL} goodput (req/s, TTFT + mean ITL), tier {result['provenance']['tier']}:")
+        for r in result["rows"]:
+            print(f"  link {r['bandwidth_gbps']:>6g} Gbit/s  load {r['rate_rps']:>5g}  {r['system']:<10} {r['goodput_rps']:.3f}")
     print(f"written {args.out / 'plan.json'} and {args.out / 'plan.png'} (marked {LABEL}, with provenance)")
     return 0

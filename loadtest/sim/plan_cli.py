@@ -7,19 +7,34 @@ from pathlib import Path
 
 from loadtest.sim.step_time import ACCELERATORS, MODELS
 
+STEP_TIMES = ("auto", "table", "roofline")  # plan_step.CHOICES, repeated so --help stays light
+
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", type=Path, required=True, help="cluster YAML (its first tier: pools, SLO, routing)")
-    p.add_argument("--accelerator", choices=sorted(ACCELERATORS), default="H200")
+    p.add_argument("--gpus", help="a GPU budget, COUNTxGPU (e.g. 16xH200): sweep the P:D splits of COUNT/TP engines "
+                                  "and colocated, and recommend the one with the best simulated goodput")
+    p.add_argument("--accelerator", choices=sorted(ACCELERATORS), help="the GPU (default H200; with --gpus, its GPU)")
     p.add_argument("--model", choices=sorted(MODELS), default="llama-3.1-8b", help="model shape for the step time and KV bytes")
-    p.add_argument("--tp", type=int, default=1, help="tensor-parallel degree of each engine")
+    p.add_argument("--tp", type=int, default=1, help="tensor-parallel degree of each engine (GPUs per engine)")
+    p.add_argument("--step-time", choices=STEP_TIMES, default="auto",
+                   help="auto: AIConfigurator's tables where they hold GPU x model x TP, else the roofline bound")
+    p.add_argument("--gemm", choices=("fp8", "bfloat16"), default="fp8", help="GEMM precision of the tables")
     p.add_argument("--mfu", type=float, default=0.5, help="assumed share of peak FLOP/s reached (roofline)")
     p.add_argument("--mbu", type=float, default=0.7, help="assumed share of peak memory bandwidth reached (roofline)")
     p.add_argument("--bandwidths-gbps", default="10,50,200", help="KV link per engine NIC, Gbit/s (swept)")
     p.add_argument("--transfer-fixed-ms", type=float, default=2.0)
     p.add_argument("--control-cores", type=float, default=4.0, help="cores of the gateway/Serve processes")
-    p.add_argument("--rates", default="1,2,4,8")
-    p.add_argument("--duration", type=float, default=30.0)
+    p.add_argument("--rates", help="offered loads, req/s (default 1,2,4,8; with --gpus: auto, shares of an estimated "
+                                   "capacity of the GPUs)")
+    p.add_argument("--modes", default="adaptive,always", help="with --gpus: tandem's disaggregation modes run on "
+                                                              "every P:D split (colocated is always run)")
+    p.add_argument("--max-splits", type=int, default=7, help="with --gpus: at most this many P:D splits, evenly spaced")
+    p.add_argument("--duration", type=float, help="seconds of offered load (default 30; with --gpus 10, shortened "
+                                                  "to --max-requests)")
+    p.add_argument("--max-requests", type=int, default=40_000,
+                   help="with --gpus and no --duration: shorten the load so the sweep simulates at most this many "
+                        "requests (~500 per CPU-second on a 2-core VM), not below max(4 s, 4 TTFT objectives)")
     p.add_argument("--prefill-share", type=float, default=0.7)
     p.add_argument("--long", default="2048:64", help="prefill-heavy prompt:output tokens")
     p.add_argument("--short", default="128:512", help="decode-heavy prompt:output tokens")

@@ -1,0 +1,209 @@
+"""`tandem plan --gpus 16xH200`: every way to spend a GPU budget (plan_sizing.py), each simulated
+with tandem's real policies (run.py: router, decider, admission, autoscaler) or as colocated
+vLLM engines, over offered loads and KV-link bandwidths; the best goodput under the tier's SLO
+recommended, with its reason and the runners-up. SIMULATED, every figure.
+
+The config supplies the tier's SLO, admission, routing and engine arguments; the split supplies
+the replica counts (num_gpus = TP). Its KV cache: the config's kv_cache_memory_bytes where written,
+else (null or left out) what the GPUs leave after the weights (validate_gpu.py `kv_blocks`, vLLM's
+gpu_memory_utilization and an assumed reserve), so one config plans any budget. A pool's
+autoscaling bounds are pinned to the split's count: the budget leaves no GPU to scale onto,
+and the real policy still ticks in the loop (its decisions are traced, clamped).
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from typing import Optional
+
+from cluster.config import ClusterConfig
+from cluster.config.pools import PoolConfig
+from loadtest.bench.workload import poisson_schedule
+from loadtest.sim import LABEL
+from loadtest.sim.control_plane import from_benchmark
+from loadtest.sim.engine import EngineParams
+from loadtest.sim.network import LinkSpec
+from loadtest.sim.plan import GPU_BLOCK_SIZE, objectives, step_choice, workload
+from loadtest.sim.plan_sizing import (GpuBudget, Split, auto_rates, capacity_rps, drain_s, fit_duration, recommend,
+                                      score, splits)
+from loadtest.sim.plan_step import describe
+from loadtest.sim.pools import Hardware, engine_params
+from loadtest.sim.run import simulate_colocated, simulate_tandem
+from loadtest.sim.step_time import MODELS
+from loadtest.sim.validate_gpu import EMBED_PARAMS, EngineDefaults, kv_blocks
+
+DEFAULT_DURATION_S = 10.0  # seconds of load per run unless --max-requests shortens it
+
+
+def gpu_kv_bytes(gpu: str, model: str, tp: int, gemm: str) -> Optional[int]:
+    """KV bytes one engine of `tp` GPUs holds after its weights (None: no weight size known)."""
+    if model not in EMBED_PARAMS:
+        return None
+    d = EngineDefaults()
+    return kv_blocks(gpu, model, tp, gemm, d) * d.block_size * MODELS[model].kv_bytes_per_token
+
+
+def gpu_sized(pool: PoolConfig) -> bool:
+    """Whether the config leaves the pool's KV cache to the GPU's memory: null, or not written
+    (tandem's 256 MiB default exists for CPU engines; on a GPU vLLM would size it)."""
+    e = pool.engine
+    return e.kv_cache_memory_bytes is None or "kv_cache_memory_bytes" not in e.model_fields_set
+
+
+def _pool(pool: PoolConfig, replicas: int, tp: int, kv_bytes: Optional[int]) -> PoolConfig:
+    engine = pool.engine
+    if gpu_sized(pool):
+        engine = engine.model_copy(update={"kv_cache_memory_bytes": kv_bytes})
+    update = {"replicas": replicas, "num_gpus": float(tp), "engine": engine}
+    if pool.autoscaling is not None:
+        update["autoscaling"] = pool.autoscaling.model_copy(update={"min_replicas": replicas, "max_replicas": replicas})
+    return pool.model_copy(update=update)
+
+
+def sized_config(cfg: ClusterConfig, tier_name: str, split: Split, mode: str, kv_bytes: Optional[int]) -> ClusterConfig:
+    """The config with only the planned tier, its pools sized to the split, in `mode`."""
+    tier = cfg.tiers[tier_name]
+    tier = tier.model_copy(update={"prefill": _pool(tier.prefill, split.prefill, split.tp, kv_bytes),
+                                   "decode": _pool(tier.decode, split.decode, split.tp, kv_bytes)})
+    return cfg.model_copy(update={"tiers": {tier_name: tier}, "default_tier": tier_name,
+                                  "routing": cfg.routing.model_copy(update={"disaggregation": mode})})
+
+
+def run_sized(args: argparse.Namespace) -> dict:
+    started = time.monotonic()
+    budget = GpuBudget.parse(args.gpus)
+    cfg = ClusterConfig.load(args.config)
+    tier_name, tier = next(iter(cfg.tiers.items()))
+    choice = step_choice(args)
+    step = choice.model
+    shape = MODELS[args.model]
+    engines = budget.engines(args.tp)
+    if engines < 1:
+        raise SystemExit(f"--gpus {budget} holds no whole engine of TP{args.tp}")
+    kv_bytes = gpu_kv_bytes(budget.gpu, args.model, args.tp, args.gemm)
+    for pool in (tier.prefill, tier.decode):
+        if gpu_sized(pool) and not kv_bytes:
+            raise SystemExit(f"{args.model} on TP{args.tp} {budget.gpu}: no room for a KV cache after the weights "
+                             "(or no weight size known: set engine.kv_cache_memory_bytes in the config)")
+    modes = [m for m in args.modes.split(",") if m]
+    if not modes or any(m not in ("adaptive", "always") for m in modes):
+        raise SystemExit(f"--modes: adaptive and/or always (colocated is run anyway), got {args.modes!r}")
+    candidates = splits(engines, args.tp, args.max_splits)
+    mix = workload(args)
+    mean, every = objectives(tier)
+    hw0 = Hardware(step_model=lambda t, r: step, kv_bytes_per_token=shape.kv_bytes_per_token,
+                   default_block_size=GPU_BLOCK_SIZE, link=LinkSpec(1.0, 0.0))
+    colocated = engine_params(sized_config(cfg, tier_name, candidates[0], "never", kv_bytes).tiers[tier_name].decode, hw0)
+    kinds = [(mix.prefill_share, mix.prefill_heavy.prompt_tokens, mix.prefill_heavy.output_tokens),
+             (1 - mix.prefill_share, mix.decode_heavy.prompt_tokens, mix.decode_heavy.output_tokens)]
+    capacity = capacity_rps(step, kinds, engines, colocated.max_num_batched_tokens, colocated.max_num_seqs)
+    rates = auto_rates(capacity) if args.rates in (None, "auto") else tuple(float(x) for x in args.rates.split(","))
+    bandwidths = [float(x) for x in args.bandwidths_gbps.split(",")]
+    tandem_cost, vllm_cost = from_benchmark("tandem"), from_benchmark("vllm")
+    runs_per_load = 1 + len(bandwidths) * (len(candidates) - 1) * len(modes)
+    duration = args.duration if args.duration is not None else \
+        fit_duration(DEFAULT_DURATION_S, rates, runs_per_load, args.max_requests, max(4.0, 4 * tier.slo.ttft_s))
+    drain = drain_s(duration, tier.slo.ttft_s, tier.slo.itl_s,
+                    max(mix.prefill_heavy.output_tokens, mix.decode_heavy.output_tokens))
+    requests = round(sum(rates) * duration * runs_per_load)
+    # The wall time follows the simulated requests: say it first. ~360 per CPU-second, drains
+    # included, measured for the 16xH200 70B example on a 2-core VM (25,460 in 70 s): a rough guide.
+    print(f"{LABEL}: {runs_per_load * len(rates)} runs of {duration:g} s, ~{requests:,} simulated requests (colocated + "
+          f"{len(candidates) - 1} P:D splits x {len(modes)} modes, {len(rates)} loads, {len(bandwidths)} KV links); "
+          f"roughly {max(requests / 360 / 60, 0.1):.1f} min", flush=True)
+    rows = []
+    for rate in rates:
+        schedule = poisson_schedule(mix, rate, duration, args.seed)
+        # Colocated engines pull no KV: one run serves every bandwidth's comparison.
+        res = simulate_colocated(engines, colocated, step, vllm_cost, schedule, drain_timeout_s=drain,
+                                 control_cores=args.control_cores, shares_engine_cores=None)
+        coloc = _row(candidates[0], "colocated", rate, res, mean, every, duration)
+        rows += [{**coloc, "bandwidth_gbps": bw} for bw in bandwidths]
+        for gbps in bandwidths:
+            hw = Hardware(step_model=lambda t, r: step, kv_bytes_per_token=shape.kv_bytes_per_token,
+                          default_block_size=GPU_BLOCK_SIZE, link=LinkSpec(gbps * 1e9 / 8, args.transfer_fixed_ms / 1000))
+            for split in candidates[1:]:
+                for mode in modes:
+                    res = simulate_tandem(sized_config(cfg, tier_name, split, mode, kv_bytes), hw, tandem_cost, schedule,
+                                          seed=args.seed, drain_timeout_s=drain, control_cores=args.control_cores,
+                                          shares_engine_cores=None, tier=tier_name)
+                    rows.append({**_row(split, mode, rate, res, mean, every, duration), "bandwidth_gbps": gbps})
+    slo = f"TTFT {mean.ttft_ms:g} ms, mean ITL {mean.mean_itl_ms:g} ms"
+    rec = recommend(score(rows, {s.label: s for s in candidates}), budget.gpu, slo)
+    return {"label": LABEL, "what": f"tandem plan --gpus {budget}: simulated goodput of every P:D split and colocated",
+            "recommendation": rec,
+            "budget": {"gpus": budget.count, "gpu": budget.gpu, "tp": args.tp, "engines": engines,
+                       "idle_gpus": budget.count - engines * args.tp,
+                       "swept": [s.label for s in candidates], "modes": modes, "max_splits": args.max_splits},
+            "provenance": {"step_time": choice.provenance(),
+                           "kv_link": {"bandwidths_gbps": args.bandwidths_gbps, "fixed_ms": args.transfer_fixed_ms},
+                           "control_plane": {"tandem": tandem_cost.source, "colocated": vllm_cost.source,
+                                             "cores": args.control_cores},
+                           "kv_cache_bytes_per_engine": colocated.num_blocks * colocated.block_size * shape.kv_bytes_per_token,
+                           "kv_cache_from": "config" if not gpu_sized(tier.decode) else
+                           "GPU memory after weights (validate_gpu.py kv_blocks)",
+                           "config": str(args.config), "tier": tier_name,
+                           "estimated_capacity_rps": round(capacity, 2),
+                           "capacity_note": "a rough estimate from the step time, only to place the load grid",
+                           "score": "per candidate: best goodput over the offered loads, least over the bandwidths",
+                           "wall_s": round(time.monotonic() - started, 1)},
+            "workload": {"mix": {"long": args.long, "short": args.short, "prefill_share": args.prefill_share},
+                         "rates_rps": list(rates), "duration_s": duration, "drain_s": drain, "seed": args.seed,
+                         "simulated_requests": requests,
+                         "duration_from": "--duration" if args.duration is not None else
+                         f"the default {DEFAULT_DURATION_S:g} s" if duration >= DEFAULT_DURATION_S else
+                         f"the default {DEFAULT_DURATION_S:g} s shortened to fit --max-requests {args.max_requests}"},
+            "objectives": {"ttft_ms": mean.ttft_ms, "mean_itl_ms": mean.mean_itl_ms, "max_gap_ms": every.max_gap_ms},
+            "rows": rows}
+
+
+def _row(split: Split, mode: str, rate: float, res, mean, every, duration: float) -> dict:
+    s = res.summary(mean, every, duration, split.engines)
+    return {"candidate": split.label if split.colocated else f"{mode} {split.label}", "split": split.label,
+            "mode": mode, "rate_rps": rate, "goodput_rps": s["goodput_rps"],
+            "goodput_rps_max_gap": s["goodput_rps_max_gap"], "ttft_p90_ms": s["ttft"].get("p90_ms"),
+            "mean_itl_p50_ms": s["mean_itl"].get("p50_ms"), "reasons": res.trace.reasons(),
+            "control_plane": res.control}
+
+
+def report(result: dict) -> None:
+    rec, b = result["recommendation"], result["budget"]
+    print(f"{LABEL} plan for {b['gpus']}x{b['gpu']}, TP{b['tp']}: {b['engines']} engines"
+          + (f" ({b['idle_gpus']} GPUs idle)" if b["idle_gpus"] else "")
+          + f"; offered loads {', '.join(f'{r:g}' for r in result['workload']['rates_rps'])} req/s")
+    print(f"recommended: {rec['reason']}")
+    print("goodput under the SLO, req/s (best over the loads; per KV link Gbit/s):")
+    best: dict[str, dict[float, float]] = {}
+    for r in result["rows"]:
+        cell = best.setdefault(r["candidate"], {})
+        cell[r["bandwidth_gbps"]] = max(cell.get(r["bandwidth_gbps"], 0.0), r["goodput_rps"])
+    for c in rec["ranking"]:
+        print(f"  {c:<22} " + "  ".join(f"{bw:>5g}: {g:7.2f}" for bw, g in sorted(best[c].items())))
+    print(f"simulated in {result['provenance']['wall_s']} s")
+
+
+def plot_sized(result: dict, path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rec = result["recommendation"]
+    bandwidths = sorted({r["bandwidth_gbps"] for r in result["rows"]})
+    fig, axes = plt.subplots(1, len(bandwidths), figsize=(5.5 * len(bandwidths), 4.6), squeeze=False)
+    for ax, bw in zip(axes[0], bandwidths):
+        for c in rec["ranking"]:
+            rows = [r for r in result["rows"] if r["bandwidth_gbps"] == bw and r["candidate"] == c]
+            style = dict(linewidth=3, color="black") if c == rec["candidate"] else dict(linewidth=1, alpha=0.8)
+            ax.plot([r["rate_rps"] for r in rows], [r["goodput_rps"] for r in rows], marker="o",
+                    label=c + (" (recommended)" if c == rec["candidate"] else ""), **style)
+        ax.set(title=f"KV link {bw:g} Gbit/s", xlabel="offered load (req/s)", ylabel="goodput under the SLO (req/s)")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    b = result["budget"]
+    fig.suptitle(f"{LABEL}: not measured. {b['gpus']}x{b['gpu']}, TP{b['tp']}: recommended {rec['candidate']}\n"
+                 f"step time: {describe(result['provenance']['step_time'])}", fontsize=8, color="darkred", wrap=True)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

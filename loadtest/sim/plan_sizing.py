@@ -1,0 +1,209 @@
+"""`tandem plan --gpus 16xH200`: from a GPU budget to the deployments worth simulating, and from
+their simulated goodput to a recommendation. Pure: no simulation here (plan_gpus.py runs them).
+
+A budget of N GPUs with TP t per engine gives E = N // t whole engines (a remainder of GPUs
+stays idle and is reported). The candidates: E colocated engines (each does both phases: the
+"never disaggregate" deployment, vLLM's own), and every P:D split p + d = E with p, d >= 1 (at
+most `max_splits` of them, evenly spaced, when E is large), each run in tandem's modes.
+Every candidate uses every whole engine: a plan for a budget compares ways to spend it.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Iterable, Optional, Sequence
+
+from loadtest.sim.step_time import ACCELERATORS, StepShape, StepTimeModel
+
+_GPUS = re.compile(r"^\s*(\d+)\s*[x×*]\s*([A-Za-z0-9_-]+)\s*$", re.IGNORECASE)
+
+
+@dataclass(frozen=True)
+class GpuBudget:
+    count: int
+    gpu: str  # a key of step_time.ACCELERATORS (and of the tables): "H100", "H200"
+
+    @classmethod
+    def parse(cls, text: str) -> "GpuBudget":
+        m = _GPUS.match(text)
+        if not m:
+            raise ValueError(f"--gpus wants COUNTxGPU, e.g. 16xH200; got {text!r}")
+        count, gpu = int(m.group(1)), m.group(2).upper()
+        if count < 1:
+            raise ValueError(f"--gpus: at least one GPU, got {text!r}")
+        if gpu not in ACCELERATORS:
+            raise ValueError(f"--gpus: unknown GPU {m.group(2)!r}; known: {', '.join(sorted(ACCELERATORS))}")
+        return cls(count, gpu)
+
+    def engines(self, tp: int) -> int:
+        if tp < 1:
+            raise ValueError(f"--tp must be >= 1, got {tp}")
+        return self.count // tp
+
+    def __str__(self) -> str:
+        return f"{self.count}x{self.gpu}"
+
+
+@dataclass(frozen=True)
+class Split:
+    """A way to spend the engines: `prefill` 0 means colocated (`decode` engines doing both)."""
+
+    prefill: int
+    decode: int
+    tp: int
+
+    @property
+    def colocated(self) -> bool:
+        return self.prefill == 0
+
+    @property
+    def engines(self) -> int:
+        return self.prefill + self.decode
+
+    @property
+    def label(self) -> str:
+        return f"colocated x{self.decode}" if self.colocated else f"{self.prefill}P:{self.decode}D"
+
+    def describe(self, gpu: str) -> str:
+        if self.colocated:
+            return f"{self.decode} colocated engines of TP{self.tp} ({self.decode * self.tp} {gpu})"
+        return (f"{self.prefill} prefill + {self.decode} decode engines of TP{self.tp} "
+                f"({self.prefill * self.tp} + {self.decode * self.tp} {gpu})")
+
+
+def splits(engines: int, tp: int, max_splits: int) -> tuple[Split, ...]:
+    """Colocated first, then P:D splits by growing prefill share; every one uses all `engines`."""
+    if engines < 1:
+        raise ValueError("the GPU budget holds no whole engine at this TP")
+    if max_splits < 1:
+        raise ValueError(f"--max-splits must be >= 1, got {max_splits}")
+    prefills = list(range(1, engines))
+    if len(prefills) > max_splits:
+        # Evenly spaced and both ends kept: the extremes are where a workload's phase share shows.
+        last = len(prefills) - 1
+        picks = {round(i * last / (max_splits - 1)) for i in range(max_splits)} if max_splits > 1 else {0}
+        prefills = [prefills[i] for i in sorted(picks)]
+    return (Split(0, engines, tp),) + tuple(Split(p, engines - p, tp) for p in prefills)
+
+
+def capacity_rps(step: StepTimeModel, kinds: Sequence[tuple[float, int, int]], engines: int, budget: int,
+                 max_num_seqs: int) -> float:
+    """A rough colocated capacity (req/s) to place the offered-load grid around, never reported as
+    a result: each request's prompt at full-budget prefill steps, its output at a decode batch of
+    min(max_num_seqs, 64). `kinds`: (share, prompt tokens, output tokens)."""
+    seconds = 0.0
+    for share, prompt, output in kinds:
+        k = max(budget // prompt, 1)
+        tokens = min(k * prompt, budget)
+        per_prompt_token = step.step_s(StepShape(0, tokens, tokens, k * prompt * (prompt + 1) // 2)) / tokens
+        b = min(max_num_seqs, 64)
+        ctx = b * (prompt + output // 2)
+        per_output_token = step.step_s(StepShape(b, 0, ctx, ctx, ctx)) / b
+        seconds += share * (prompt * per_prompt_token + output * per_output_token)
+    return engines / seconds
+
+
+def auto_rates(capacity: float, fractions: Iterable[float] = (0.4, 0.7, 1.0, 1.3)) -> tuple[float, ...]:
+    """Offered loads from below to past the estimated capacity (2 significant figures). Four:
+    the score is a candidate's best over them, and each costs a run of every candidate."""
+    return tuple(sorted({float(f"{max(capacity * f, 0.01):.2g}") for f in fractions}))
+
+
+def fit_duration(duration: float, rates: Sequence[float], runs_per_load: int, max_requests: int,
+                 floor: float) -> float:
+    """The seconds of load per run, shortened so the whole sweep simulates at most `max_requests`
+    (its wall time follows the request count), never below `floor`."""
+    per_second = sum(rates) * runs_per_load
+    if per_second <= 0:
+        return duration
+    return round(max(min(duration, max_requests / per_second), floor), 1)
+
+
+def drain_s(duration: float, ttft_s: float, itl_s: float, max_output: int) -> float:
+    """How long after the last arrival to wait: at least what a request that meets the SLO may
+    take (TTFT + its output at the mean-ITL bound), so none that would count is cut off."""
+    return max(duration, ttft_s + max_output * itl_s)
+
+
+@dataclass(frozen=True)
+class Scored:
+    """A candidate's goodput under the SLO: its best over the offered loads, per KV bandwidth."""
+
+    candidate: str  # "colocated x4", "adaptive 1P:3D"
+    split: Split
+    mode: str  # "colocated" | a disaggregation mode
+    best_by_bandwidth: tuple[tuple[float, float], ...]  # (Gbit/s, req/s)
+    rising_at_top: tuple[float, ...] = ()  # bandwidths where its best came at the highest load swept
+
+    @property
+    def worst(self) -> float:
+        """The score: the least over the swept bandwidths, so a pick holds across the range."""
+        return min(g for _, g in self.best_by_bandwidth)
+
+    @property
+    def mean(self) -> float:
+        return sum(g for _, g in self.best_by_bandwidth) / len(self.best_by_bandwidth)
+
+
+def score(rows: Sequence[dict], splits_by_label: dict[str, Split]) -> list[Scored]:
+    """rows: {candidate, split, mode, bandwidth_gbps, rate_rps, goodput_rps}; candidates in
+    first-seen order."""
+    order: list[str] = []
+    best: dict[str, dict[float, tuple[float, float]]] = {}  # candidate → bandwidth → (goodput, its load)
+    modes: dict[str, tuple[str, str]] = {}
+    top = max((r["rate_rps"] for r in rows), default=0.0)
+    for r in rows:
+        c = r["candidate"]
+        if c not in best:
+            order.append(c)
+            best[c] = {}
+            modes[c] = (r["split"], r["mode"])
+        bw = r["bandwidth_gbps"]
+        if bw not in best[c] or r["goodput_rps"] > best[c][bw][0]:
+            best[c][bw] = (r["goodput_rps"], r["rate_rps"])
+    return [Scored(c, splits_by_label[modes[c][0]], modes[c][1],
+                   tuple(sorted((bw, g) for bw, (g, _) in best[c].items())),
+                   tuple(sorted(bw for bw, (g, rate) in best[c].items() if rate == top and g > 0)))
+            for c in order]
+
+
+def recommend(scored: Sequence[Scored], gpu: str, slo: str, close: float = 0.05) -> dict:
+    """The candidate with the highest worst-case goodput (ties: the higher mean, then the first
+    swept: colocated before any split), why, and the runners-up. `close`: a margin under this
+    share of the winner's goodput is said to be within the noise of one seeded trace."""
+    if not scored:
+        raise ValueError("nothing was simulated")
+    ranked = sorted(scored, key=lambda s: (-s.worst, -s.mean))  # stable: sweep order breaks exact ties
+    win = ranked[0]
+    bandwidths = [bw for bw, _ in win.best_by_bandwidth]
+    # Per bandwidth, ties go the ranking's way, so an exact tie does not read as a flip.
+    winners = {bw: max(ranked, key=lambda s: dict(s.best_by_bandwidth)[bw]).candidate for bw in bandwidths}
+    holds = all(w == win.candidate for w in winners.values())
+    runner: Optional[Scored] = ranked[1] if len(ranked) > 1 else None
+    margin = (win.worst - runner.worst) / win.worst if runner and win.worst > 0 else None
+    reason = (f"{win.candidate} ({win.split.describe(gpu)}): the best goodput under the SLO ({slo}) at the worst "
+              f"swept KV link, {win.worst:.2f} req/s (its best over the offered loads)")
+    if runner is not None:
+        reason += f"; runner-up {runner.candidate} {runner.worst:.2f} req/s"
+        if margin is not None:
+            reason += f" ({margin:.1%} lower{': within the noise of one seeded trace' if margin < close else ''})"
+    reason += ("; the same winner at every swept bandwidth" if holds else
+               "; the winner changes with the KV bandwidth: " + ", ".join(f"{bw:g} Gbit/s {c}" for bw, c in winners.items()))
+    rising = [s for s in ranked[:4] if s.rising_at_top]
+    if rising:
+        # Its best is the grid's edge, not its capacity: a higher load could reorder the ranking.
+        reason += ("; still gaining at the highest swept load (" + ", ".join(
+            f"{s.candidate} at {'/'.join(f'{bw:g}' for bw in s.rising_at_top)} Gbit/s" for s in rising)
+            + "): higher --rates could change the ranking")
+    if win.worst == 0:
+        reason = "no candidate met the SLO at any swept load: " + reason
+    return {"candidate": win.candidate, "mode": win.mode, "split": win.split.label, "prefill_engines": win.split.prefill,
+            "decode_engines": win.split.decode, "colocated_engines": win.split.decode if win.split.colocated else 0,
+            "tp": win.split.tp, "gpus_used": win.split.engines * win.split.tp, "goodput_rps": win.worst,
+            "holds_across_bandwidths": holds, "winner_by_bandwidth_gbps": {f"{bw:g}": c for bw, c in winners.items()},
+            "margin_over_runner_up": None if margin is None else round(margin, 4), "reason": reason,
+            "rising_at_top_load": {s.candidate: list(s.rising_at_top) for s in ranked if s.rising_at_top},
+            "runners_up": [{"candidate": s.candidate, "goodput_rps": s.worst, "mean_over_bandwidths_rps": round(s.mean, 4)}
+                           for s in ranked[1:4]],
+            "ranking": [s.candidate for s in ranked]}

@@ -1,0 +1,160 @@
+"""`tandem plan --gpus`: the budget's parsing, its splits, the sized configs and the pick
+(loadtest/sim/plan_sizing.py, plan_gpus.py), and one small end-to-end plan."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from cluster.cli import main
+from cluster.config import ClusterConfig
+from cluster.config.pools import AutoscalingConfig
+from loadtest.sim.plan_gpus import gpu_kv_bytes, sized_config
+from loadtest.sim.plan_sizing import (GpuBudget, Split, auto_rates, capacity_rps, drain_s, fit_duration, recommend,
+                                      score, splits)
+from loadtest.sim.step_table import TableStepTime
+
+CONFIGS = Path(__file__).resolve().parents[2] / "loadtest" / "sim" / "configs"
+
+
+@pytest.mark.parametrize("text,count,gpu", [("16xH200", 16, "H200"), (" 8 x h100 ", 8, "H100"), ("64×H200", 64, "H200"),
+                                            ("4*H100", 4, "H100")])
+def test_gpu_budget_parses(text, count, gpu):
+    assert GpuBudget.parse(text) == GpuBudget(count, gpu)
+
+
+@pytest.mark.parametrize("text", ["H200", "16", "0xH200", "16xA100", "16x", "x16H200", "-2xH200"])
+def test_gpu_budget_rejects(text):
+    with pytest.raises(ValueError):
+        GpuBudget.parse(text)
+
+
+def test_engines_are_whole_tp_groups():
+    assert GpuBudget(16, "H200").engines(4) == 4
+    assert GpuBudget(10, "H100").engines(4) == 2  # 2 GPUs left idle
+    assert GpuBudget(2, "H200").engines(4) == 0
+    with pytest.raises(ValueError):
+        GpuBudget(8, "H200").engines(0)
+
+
+def test_splits_use_every_engine_colocated_first():
+    got = splits(4, 4, 7)
+    assert [s.label for s in got] == ["colocated x4", "1P:3D", "2P:2D", "3P:1D"]
+    assert got[0].colocated and not any(s.colocated for s in got[1:])
+    assert all(s.engines == 4 and s.tp == 4 for s in got)
+    assert splits(1, 8, 7) == (Split(0, 1, 8),)  # one engine: nothing to disaggregate
+
+
+def test_many_engines_are_thinned_evenly_keeping_both_ends():
+    got = [s.prefill for s in splits(16, 1, 7)[1:]]
+    assert len(got) == 7 and got[0] == 1 and got[-1] == 15 and got == sorted(set(got))
+    steps = [b - a for a, b in zip(got, got[1:])]
+    assert max(steps) - min(steps) <= 1
+    assert [s.prefill for s in splits(16, 1, 1)[1:]] == [1]
+    with pytest.raises(ValueError):
+        splits(0, 1, 7)
+
+
+def test_the_load_grid_brackets_the_estimated_capacity():
+    step = TableStepTime.for_config("H200", "llama-3.1-70b", 4)
+    kinds = [(0.7, 2048, 64), (0.3, 128, 512)]
+    one, four = capacity_rps(step, kinds, 1, 8192, 256), capacity_rps(step, kinds, 4, 8192, 256)
+    assert four == pytest.approx(4 * one) and one > 0
+    rates = auto_rates(four)
+    assert rates == tuple(sorted(rates)) and rates[0] < four < rates[-1]
+
+
+def test_the_duration_shrinks_to_the_request_budget_but_not_below_its_floor():
+    rates, runs = (10.0, 30.0), 5  # 200 requests per second of load over the sweep
+    assert fit_duration(12.0, rates, runs, 10_000, 4.0) == 12.0  # 2,400 fit
+    assert fit_duration(12.0, rates, runs, 1_000, 4.0) == 5.0
+    assert fit_duration(12.0, rates, runs, 100, 4.0) == 4.0
+    assert sum(rates) * runs * fit_duration(12.0, rates, runs, 1_000, 4.0) <= 1_000
+
+
+def test_the_drain_waits_for_any_request_that_could_still_meet_the_slo():
+    assert drain_s(12.0, 1.0, 0.04, 512) == pytest.approx(1.0 + 512 * 0.04)
+    assert drain_s(30.0, 1.0, 0.04, 64) == 30.0
+
+
+def test_sized_config_sets_replicas_gpus_kv_and_pins_autoscaling():
+    cfg = ClusterConfig.load(CONFIGS / "gpu-70b.yaml")
+    tier = next(iter(cfg.tiers))
+    scaled = cfg.model_copy(update={"tiers": {tier: cfg.tiers[tier].model_copy(update={
+        "decode": cfg.tiers[tier].decode.model_copy(update={"autoscaling": AutoscalingConfig(min_replicas=1, max_replicas=9)})})}})
+    kv = gpu_kv_bytes("H200", "llama-3.1-70b", 4, "fp8")
+    out = sized_config(scaled, tier, Split(1, 3, 4), "always", kv).tiers[tier]
+    assert (out.prefill.replicas, out.decode.replicas) == (1, 3)
+    assert out.prefill.num_gpus == out.decode.num_gpus == 4
+    assert out.prefill.engine.kv_cache_memory_bytes == kv > 0
+    assert (out.decode.autoscaling.min_replicas, out.decode.autoscaling.max_replicas) == (3, 3)
+    assert sized_config(scaled, tier, Split(1, 3, 4), "always", kv).routing.disaggregation == "always"
+    # An explicit size in the config wins over the GPU estimate.
+    example = ClusterConfig.load(CONFIGS / "gpu-example.yaml")
+    t = next(iter(example.tiers))
+    assert sized_config(example, t, Split(1, 1, 1), "adaptive", kv).tiers[t].decode.engine.kv_cache_memory_bytes == \
+        example.tiers[t].decode.engine.kv_cache_memory_bytes
+    assert gpu_kv_bytes("H100", "llama-3.1-70b", 1, "bfloat16") == 0  # the weights alone exceed the GPU
+
+
+def _rows(table: dict) -> list[dict]:
+    """{candidate: {bandwidth: [goodput per load]}} → plan rows over loads 1, 2, 3."""
+    rows = []
+    for cand, per_bw in table.items():
+        split = cand.split()[-1] if " " in cand else cand
+        mode = cand.split()[0] if " " in cand else "colocated"
+        for bw, goodputs in per_bw.items():
+            rows += [{"candidate": cand, "split": split, "mode": mode, "bandwidth_gbps": bw, "rate_rps": rate,
+                      "goodput_rps": g} for rate, g in zip((1.0, 2.0, 3.0), goodputs)]
+    return rows
+
+
+SPLITS = {"colocated": Split(0, 2, 1), "1P:1D": Split(1, 1, 1)}
+
+
+def test_recommend_takes_the_best_worst_case_and_says_when_bandwidth_flips_it():
+    rows = _rows({"colocated": {10: [1, 2, 1.5], 100: [1, 2, 1.5]},
+                  "adaptive 1P:1D": {10: [1, 1.8, 1.2], 100: [1, 2, 2.5]}})
+    rec = recommend(score(rows, SPLITS), "H200", "slo")
+    assert rec["candidate"] == "colocated" and rec["goodput_rps"] == 2
+    assert rec["holds_across_bandwidths"] is False
+    assert rec["winner_by_bandwidth_gbps"] == {"10": "colocated", "100": "adaptive 1P:1D"}
+    assert rec["runners_up"][0]["candidate"] == "adaptive 1P:1D" and rec["runners_up"][0]["goodput_rps"] == 1.8
+    assert rec["rising_at_top_load"] == {"adaptive 1P:1D": [100]} and "higher --rates" in rec["reason"]
+
+
+def test_recommend_ties_go_to_the_higher_mean_then_the_first_swept():
+    rows = _rows({"colocated": {10: [2, 2, 2], 100: [2, 2, 2]}, "adaptive 1P:1D": {10: [2, 2, 1], 100: [3, 1, 1]}})
+    assert recommend(score(rows, SPLITS), "H200", "slo")["candidate"] == "adaptive 1P:1D"
+    rows = _rows({"colocated": {10: [2, 1, 1]}, "adaptive 1P:1D": {10: [2, 1, 1]}})
+    rec = recommend(score(rows, SPLITS), "H200", "slo")
+    assert rec["candidate"] == "colocated" and rec["margin_over_runner_up"] == 0  # an exact tie: the first swept
+    assert "within the noise" in rec["reason"]
+
+
+def test_plan_with_a_gpu_budget_recommends_the_best_swept_split(tmp_path, capsys):
+    rc = main(["plan", "--config", str(CONFIGS / "gpu-70b.yaml"), "--gpus", "8xH200", "--model", "llama-3.1-70b",
+               "--tp", "4", "--rates", "4,12", "--duration", "3", "--bandwidths-gbps", "25,200",
+               "--out", str(tmp_path)])
+    assert rc == 0
+    result = json.loads((tmp_path / "plan.json").read_text())
+    assert result["label"] == "SIMULATED" and (tmp_path / "plan.png").stat().st_size > 0
+    assert result["provenance"]["step_time"]["kind"] == "aiconfigurator_table"
+    assert result["budget"]["engines"] == 2 and result["budget"]["swept"] == ["colocated x2", "1P:1D"]
+    rows = result["rows"]
+    candidates = {r["candidate"] for r in rows}
+    assert candidates == {"colocated x2", "adaptive 1P:1D", "always 1P:1D"}
+    # Recompute the score from the rows: best over the loads, least over the bandwidths.
+    worst = {c: min(max(r["goodput_rps"] for r in rows if r["candidate"] == c and r["bandwidth_gbps"] == bw)
+                    for bw in (25.0, 200.0)) for c in candidates}
+    rec = result["recommendation"]
+    assert rec["candidate"] in candidates and rec["goodput_rps"] == max(worst.values()) == worst[rec["candidate"]]
+    assert rec["gpus_used"] == 8 and set(rec["ranking"]) == candidates
+    assert [r["candidate"] for r in rec["runners_up"]] == rec["ranking"][1:]
+    assert max(worst.values()) > 0  # light loads: something meets the SLO
+    assert len(set(worst.values())) > 1  # the loads separate the candidates: the pick above is a real choice
+    out = capsys.readouterr().out
+    assert result["workload"]["drain_s"] >= 1.0 + 512 * 0.04  # the default mix's longest answer at the ITL bound
+    assert "SIMULATED plan for 8xH200" in out and f"recommended: {rec['candidate']}" in out

@@ -24,7 +24,7 @@ from loadtest.sim import LABEL
 from loadtest.sim.control_plane import from_benchmark
 from loadtest.sim.engine import EngineParams
 from loadtest.sim.network import LinkSpec
-from loadtest.sim.plan import GPU_BLOCK_SIZE, objectives, step_choice, workload
+from loadtest.sim.plan_inputs import GPU_BLOCK_SIZE, objectives, step_choice, workload
 from loadtest.sim.plan_sizing import (GpuBudget, Split, auto_rates, capacity_rps, drain_s, fit_duration, recommend,
                                       score, splits)
 from loadtest.sim.plan_step import describe

@@ -8,8 +8,8 @@ Two signals, both vLLM's (issue 31):
   about to be (or wait for a free slot).
 - `AsyncLLM.list_loras()`: the ids in the engine's adapter cache (vLLM's LRU of `max_cpu_loras`,
   by default `max_loras`), whether or not a request uses them now: an idle adapter stays loaded
-  until a new one evicts it. It is a call into the EngineCore process, so it is async, and the
-  replica refreshes it once per routing report (replica.py) rather than waiting on it.
+  until a new one evicts it. It is a call into the EngineCore process, so it is async: the
+  replica's async routing-stats hook reads it (bounded to 5 s) before each report (replica.py).
 
 An eviction is an id that was in the cache and is no longer: tandem unloads no adapter itself
 (no unload route yet; one would call `LoraResidency.forget`), so only vLLM's LRU removes one.

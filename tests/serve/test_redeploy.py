@@ -198,8 +198,15 @@ def test_a_redeploy_that_replaces_the_only_prefill_replica_stop_first_keeps_requ
     deploy.start()
     timeline: list[tuple[float, object]] = []  # replica states and /health, as they change
     old_gateway_stopping_at = None
+    new_gateway_seen = False
     while deploy.is_alive() or not all(set(states) == {"RUNNING"} for states in _replicas().values()):
-        if old_gateway_stopping_at is None and _replicas()["Gateway"].get("STOPPING"):
+        gateway = _replicas()["Gateway"]
+        new_gateway_seen = new_gateway_seen or bool(gateway.get("STARTING"))
+        # The take-over: the old gateway stopping, or already gone (one running again after the
+        # new one started): a poll held up by a slow /health can miss the few seconds of STOPPING,
+        # and the gate then never opened (seen once in CI: the new prefill waited out the 120 s).
+        if old_gateway_stopping_at is None and (gateway.get("STOPPING") or
+                                                (new_gateway_seen and gateway == {"RUNNING": 1})):
             old_gateway_stopping_at = time.monotonic()
         if old_gateway_stopping_at and time.monotonic() > old_gateway_stopping_at + PREFILL_LOADED_AFTER_GATEWAY_S:
             gate.touch()

@@ -10,6 +10,7 @@ from ray.serve.config import RequestRouterConfig
 from cluster.autoscaling.serve_policy import serve_autoscaling_config
 from cluster.config import AdmissionConfig, ClusterConfig, PoolConfig, SLOConfig
 from cluster.types import PoolId, TierPools
+from kv_transfer.handoff import KV_LEASE_S, LEASE_MARGIN_S
 
 if TYPE_CHECKING:
     from cluster.engine.replica import EngineFactory
@@ -58,17 +59,21 @@ def _pool_options(pool: PoolConfig, role: str, slo: SLOConfig, admission: Admiss
 
 
 MIN_DRAIN_S = 20.0  # what Serve gave every pool before the drain was configurable
+# A prefill replica's last handoff may be pulled until its lease's deadline, the teardown waits
+# for that (prefill_workers/lease_drain.py): its prompts in flight, then one usable lease.
+PREFILL_LEASE_S = KV_LEASE_S - LEASE_MARGIN_S
 
 
 def drain_timeout_s(pool: PoolConfig, role: str, slo: SLOConfig, max_model_len: int) -> float:
     """How long a removed replica may finish what it has (pool.drain_timeout_s): by default, a
     decode replica the tier's longest answer (every token of the context at the tier's
-    inter-token objective), a prefill replica its prompts in flight."""
+    inter-token objective), a prefill replica its prompts in flight and the decodes' pulls of
+    the last one's KV."""
     if pool.drain_timeout_s is not None:
         return pool.drain_timeout_s
     if role == "decode":
         return max(MIN_DRAIN_S, max_model_len * slo.itl_s)
-    return MIN_DRAIN_S
+    return MIN_DRAIN_S + PREFILL_LEASE_S
 
 
 def surge_percent(pool: PoolConfig) -> int:

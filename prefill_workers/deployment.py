@@ -7,6 +7,7 @@ whole (`generate`, the P/D decider's "whole" path): no handoff, no decode hop.""
 from __future__ import annotations
 
 import dataclasses
+import logging
 from typing import Any, AsyncIterator
 
 from ray import serve
@@ -18,10 +19,15 @@ from cluster.serve_patch import bind_replica_grpc_on_node_address
 from cluster.protocol import EngineRequest, PrefillResult
 from cluster.tracing import joined, replica_span, replica_tracing
 from kv_transfer.handoff import Handoff, adapter_key, lease_deadline
+from prefill_workers.lease_drain import drain_leases
+
+log = logging.getLogger(__name__)
 
 
 @serve.deployment(name="PrefillWorker")
 class PrefillWorker(EngineReplica):
+    _last_lease_deadline = 0.0  # wall clock: the latest deadline of a handoff this replica made
+
     def __init__(self, cfg: ClusterConfig, tier: str, engine_cls: EngineFactory):
         bind_replica_grpc_on_node_address()
         self.start_engine(engine_cls(build_engine_spec(cfg, tier, "kv_producer")), tier)
@@ -62,5 +68,19 @@ class PrefillWorker(EngineReplica):
         if result.first is not None and result.first.finished:
             return None
         # The engine's lease on the blocks started as the prefill finished: stamp it now.
-        return Handoff.from_prefill(self.info.identity, result.kv_transfer_params, lease_deadline(),
+        deadline = lease_deadline()
+        self._last_lease_deadline = max(self._last_lease_deadline, deadline)
+        return Handoff.from_prefill(self.info.identity, result.kv_transfer_params, deadline,
                                     producer_id=self.info.worker_id, adapter=adapter_key(request.adapter))
+
+    async def __del__(self):
+        """Serve's teardown (it awaits an async `__del__`, once its ongoing calls have ended):
+        the decodes' pulls of what this replica handed out finish first (lease_drain.py), then
+        the engine stops. The pool's drain_timeout_s (cluster/app.py) leaves room for the last
+        lease. Only Serve calls it: the interpreter's own finalizer would not await it."""
+        engine = getattr(self, "engine", None)
+        if engine is not None:
+            drained = await drain_leases(engine.holds_kv, self._last_lease_deadline)
+            if drained.outcome != "none":
+                log.info("%s: KV leases %s after %.1f s", self.info.worker_id, drained.outcome, drained.waited_s)
+        EngineReplica.__del__(self)

@@ -207,7 +207,8 @@ class PoolConfig(_Strict):
                                 "it has; Serve sends it no new ones meanwhile, and stops it when they are done. Streams "
                                 "still running at the deadline continue on another replica (migration). None: a decode "
                                 "pool waits for the tier's longest answer (model.max_model_len tokens at slo.itl_s, at "
-                                "least 20 s); a prefill pool 20 s.")
+                                "least 20 s); a prefill pool 20 s for its prompts + 22 s for the decodes to pull the last "
+                                "one's KV (the handoff's usable lease).")
     max_surge_percent: Optional[int] = Field(
         None, ge=0, le=100, description="A redeploy's replacement order (Serve's max_surge_percent): extra replicas, as a "
                                         "percentage of the pool's count, started before the old ones drain (100: every "

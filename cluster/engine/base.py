@@ -25,6 +25,8 @@ Lifecycle and call order (every call in the replica's process):
      non-blocking, any thread: the exporter of exact sums, the autoscaling signals and the
      routing stats read it. `stats() -> EngineStats` is the typed view of the same reading.
    - `check_alive()`: raises when the engine has died (Serve's health probe).
+   - `holds_kv()`: whether blocks are still in use (a producer's teardown waits on it for the
+     decodes' pulls, prefill_workers/lease_drain.py).
 4. `shutdown()`: once or more (idempotent), from the replica's teardown; after it no other
    call is made. An engine whose start failed may be shut down too.
 
@@ -188,6 +190,11 @@ class Engine(abc.ABC):
     def stats(self) -> EngineStats:
         """This engine's counters now, typed (one mapping for every engine: metrics.py)."""
         return engine_stats(self.spec.worker_id, self.metrics())
+
+    def holds_kv(self) -> bool:
+        """Whether any KV block is in use now (vLLM's KV usage gauge above 0). With no request
+        running on a producer, those are blocks kept for a remote decode's pull."""
+        return self.stats().kv_cache_usage > 0
 
     @abc.abstractmethod
     def check_alive(self) -> None:

@@ -15,6 +15,8 @@ Behaviour:
   id, block ids, host, port). `generate` with such params "pulls" (counted as transferred
   prompt tokens and one KV transfer), without them "recomputes" (computed prompt tokens).
   A failed pull is counted and recomputed, as vLLM's kv_load_failure_policy=recompute does.
+  No pull reaches the producer: with the `kv_hold_s` knob a prefill's KV stays in its KV usage
+  for that long, as a real producer's blocks wait for the pull (the lease drain's test).
 - KV events: with `spec.kv_events_host` set (prefix caching on), a publisher speaking vLLM's
   ZMQ protocol (fake_kv_events.py: PUB + replay, bound on that host) sends a BlockStored for
   each full prompt block this engine computes or pulls for the first time, hashed as vLLM
@@ -75,6 +77,9 @@ class FakeKnobs:
     # process (os._exit) at its next step: a replica dying mid-answer (router/pd/migration.py).
     # One step later, not at once, so the tokens yielded reach the gateway first. 0: never.
     die_after_tokens: int = 0
+    # A prefill keeps its KV (counted in the KV usage gauge) this long after it returns, as a
+    # producer's blocks wait for the decode's pull (no pull reaches a fake producer). 0: none.
+    kv_hold_s: float = 0.0
 
 
 # vllm_xargs name → knob: e.g. {"vllm_xargs": {"fake_fail_prefill": 1, "fake_token_s": 0.05}}.
@@ -220,6 +225,7 @@ class FakeEngine(Engine):
         self._ids = {name: deque(maxlen=RECENT) for name in ("seen", "pulled", "recomputed", "aborted", "cancelled")}
         self._closed = False
         self._kv_events: Optional[_KVEvents] = None
+        self._held: dict[str, float] = {}  # request id → when its prefill's KV is let go (monotonic)
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -278,6 +284,9 @@ class FakeEngine(Engine):
             first = self._output(request.request_id, [self.next_token(prompt)],
                                  "length" if wanted == 1 else None)
         keep_kv = not first_token or wanted > 1
+        if keep_kv and knobs.kv_hold_s > 0:
+            self._held[request.request_id] = time.monotonic() + knobs.kv_hold_s
+            self._set_running()
         block = self.info.cache.block_size if self.info else 16
         params = None
         if keep_kv:
@@ -367,10 +376,14 @@ class FakeEngine(Engine):
     # -- counters --------------------------------------------------------------------------
 
     def _set_running(self) -> None:
+        now = time.monotonic()
+        self._held = {rid: until for rid, until in self._held.items() if until > now}
         self._values[vm.REQUESTS_RUNNING] = float(len(self._running))
-        self._values[vm.KV_CACHE_USAGE] = len(self._running) / max(self.spec.engine.max_num_seqs, 1)
+        self._values[vm.KV_CACHE_USAGE] = (len(self._running) + len(self._held)) / max(self.spec.engine.max_num_seqs, 1)
 
     def metrics(self) -> Readings:
+        if self._held:
+            self._set_running()  # a hold ends with time, not with an event
         return dict(self._values)
 
     def stats(self) -> FakeEngineStats:

@@ -103,7 +103,7 @@ def test_a_removed_replica_drains_for_the_tiers_longest_answer():
     slo = SLOConfig(itl_s=0.05)
     assert drain_timeout_s(PoolConfig(), "decode", slo, 2048) == 2048 * 0.05
     assert drain_timeout_s(PoolConfig(), "decode", slo, 128) == 20.0  # never under what Serve had
-    assert drain_timeout_s(PoolConfig(), "prefill", slo, 2048) == 20.0
+    assert drain_timeout_s(PoolConfig(), "prefill", slo, 2048) == 20.0 + 22.0  # prompts, then the last lease
     assert drain_timeout_s(PoolConfig(drain_timeout_s=7), "decode", slo, 2048) == 7
     options = _pool_options(PoolConfig(), "decode", slo, AdmissionConfig(), 4096)
     assert options["graceful_shutdown_timeout_s"] == 4096 * 0.05

@@ -1,5 +1,6 @@
 """python -m loadtest.sim validate: replay the recorded goodput runs and score the simulator.
-python -m loadtest.sim validate-gpu: the GPU engine model against AIConfigurator's measured rows."""
+python -m loadtest.sim validate-gpu: the GPU engine model against AIConfigurator's measured rows.
+python -m loadtest.sim matrix: issue 32's simulated GPU matrix and the decider rules that never fired."""
 
 from __future__ import annotations
 
@@ -27,9 +28,17 @@ def main(argv: list[str] | None = None) -> int:
     g.add_argument("--max-concurrency", type=int, help="only rows with at most this many clients (quick runs)")
     g.add_argument("--arrivals", choices=("spread", "lockstep"), default="spread",
                    help="clients' phases spread by a warm-up (the model), or all starting together (a sensitivity)")
+    m = sub.add_parser("matrix", help="adaptive vs colocated vs always on 8/16/64 H200, 70B/8B, two mixes (SIMULATED)")
+    from loadtest.sim.matrix import add_arguments
+
+    add_arguments(m)
     args = p.parse_args(argv)
     if args.command == "validate-gpu":
         return _validate_gpu(args)
+    if args.command == "matrix":
+        from loadtest.sim.matrix import main as matrix
+
+        return matrix(args)
     paths = [r.resolve() for r in args.runs] if args.runs else validation_runs()
     runs = []
     for path in paths:

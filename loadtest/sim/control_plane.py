@@ -50,6 +50,19 @@ class ControlPlaneCost:
     source: str
     baseline_cores: float = 0.0  # busy whatever the load (see the module docstring)
 
+    def scaled(self, factor: float) -> "ControlPlaneCost":
+        """Every part `factor` times (CPU per token and request, baseline cores, hop latency): a
+        sensitivity, for a control plane on other hardware than the one measured. On GPU engines
+        (cores of its own) only the hop latency reaches the goodput; the CPU shows in the cores
+        it needs (`summary`'s peak_cores_1s)."""
+        if factor <= 0:
+            raise ValueError(f"a control-plane cost scale must be positive, got {factor}")
+        if factor == 1:
+            return self
+        return ControlPlaneCost(self.per_token_cpu_s * factor, self.per_request_cpu_s * factor, self.hop_s * factor,
+                                f"{self.source}; every part x{factor:g} (a sensitivity, not measured)",
+                                self.baseline_cores * factor)
+
 
 def from_benchmark(system: str, path: Path = BENCH, hop_s: float = SERVE_HOP_S) -> ControlPlaneCost:
     """The median over the benchmark's cells of the CPU per token: `tandem` (all its processes)

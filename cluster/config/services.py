@@ -212,7 +212,8 @@ class RoutingConfig(_Strict):
     weights: dict[Literal["prefix", "load", "kv_usage", "lora"], float] = Field(
         {"prefix": 1.0, "load": 0.5, "kv_usage": 0.1},
         description="Scorer weights; scores are in [0, 1]. prefix: share of the prompt cached on the worker; load: "
-                    "free request slots; kv_usage: free KV cache; lora: the request's LoRA adapter held (1), a "
+                    "free request slots; kv_usage: free KV cache in its upper half (below half full, every engine scores 1: "
+                    "a reported usage is a second old, the in-flight counts are exact); lora: the request's LoRA adapter held (1), a "
                     "free adapter slot (0.5) or a full engine that would evict one (0), base requests 1 "
                     "everywhere; unset: 0.3 when model.lora_adapters is set, off without adapters. Weight 0 "
                     "switches a scorer off.")

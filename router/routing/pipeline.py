@@ -47,9 +47,19 @@ def load_score(worker: Worker, ctx: RouteContext) -> float:
     return max(0.0, 1.0 - worker.in_flight / max(worker.capacity, 1))
 
 
+KV_USAGE_HEADROOM = 0.5
+"""kv_usage_score counts only the cache's upper half. Below it, the usage an engine reported (up
+to a second old, rounded to 0.1) says less about its load than this gateway's in-flight counts,
+which are exact: a 0.1 difference weighs 0.01 at kv_usage's default weight, more than one request
+in flight (0.5 / 64), so a stale reading used to send a whole burst to one replica (issue 29's
+kill runs: 3 of 4 streams on the killed replica). Near full, the cache's room matters on its own:
+new prompts preempt running ones and evict the prefixes we route for."""
+
+
 def kv_usage_score(worker: Worker, ctx: RouteContext) -> float:
-    """Free KV cache: a full cache evicts, and evicts the prefixes we route for."""
-    return min(max(1.0 - worker.kv_usage, 0.0), 1.0)
+    """Free KV cache above KV_USAGE_HEADROOM: 1 up to it, 0 when full."""
+    used_of_upper = (worker.kv_usage - KV_USAGE_HEADROOM) / (1.0 - KV_USAGE_HEADROOM)
+    return min(max(1.0 - used_of_upper, 0.0), 1.0)
 
 
 # lora_score's levels. Holding the adapter costs nothing; loading it into a free slot costs a load

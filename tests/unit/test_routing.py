@@ -4,6 +4,7 @@ and the gateway-side KVRouter over a real in-process index and pool directories.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import random
 from collections import Counter
 
@@ -75,6 +76,24 @@ def test_load_outweighs_a_small_prefix_when_weighted_so():
     busy_with_prefix, idle = w("a", in_flight=3), w("b")
     assert pick([busy_with_prefix, idle], ctx(a=1), WEIGHTS, random.Random(0)).worker.worker_id == "b"
     assert pick([busy_with_prefix, idle], ctx(a=1), {"prefix": 1.0}, random.Random(0)).worker.worker_id == "a"
+
+
+def test_a_stale_kv_usage_reading_does_not_pile_a_burst_onto_one_replica():
+    # The decode picks are booked in flight at the route (ledger.book); the engines' KV usage is a
+    # second old: one still shows the streams of the round before (0.2 against 0.1).
+    replicas = {"a": w("a", kv_usage=0.2, capacity=64), "b": w("b", kv_usage=0.1, capacity=64)}
+    rng = random.Random(0)
+    for _ in range(4):
+        chosen = pick(list(replicas.values()), ctx(), WEIGHTS, rng).worker
+        replicas[chosen.worker_id] = dataclasses.replace(chosen, in_flight=chosen.in_flight + 1)
+    assert [r.in_flight for r in replicas.values()] == [2, 2]
+
+
+def test_a_nearly_full_kv_cache_is_avoided_at_equal_load():
+    full, roomy, half = w("a", kv_usage=0.95), w("b", kv_usage=0.6), w("c", kv_usage=0.5)
+    assert pick([full, roomy], ctx(), WEIGHTS, random.Random(0)).worker.worker_id == "b"
+    assert pick([roomy, half], ctx(), WEIGHTS, random.Random(0)).worker.worker_id == "c"
+    assert pick([full, roomy], ctx(), WEIGHTS, random.Random(0)).scores["kv_usage"] == pytest.approx(0.8)
 
 
 def test_ties_are_broken_at_random():

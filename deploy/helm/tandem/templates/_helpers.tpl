@@ -120,6 +120,48 @@ with gpu_memory_utilization and no kv_cache_memory_bytes gets the null (KV cache
 {{- end -}}
 
 {{/*
+How long KubeRay keeps the old RayCluster once a new one has taken the traffic (an upgrade that
+changes rayClusterConfig, upgradeStrategy NewCluster): KubeRay deletes it, cutting what it still
+serves, rayClusterDeletionDelaySeconds after the switch (default 60 s). The longest a request the
+old gateway holds may still run is the gateway's drain, as tandem computes it for a redeploy:
+the longest drain_timeout_s of any pool. A twin of cluster/app.py gateway_drain_s, drain_timeout_s,
+MIN_DRAIN_S and PREFILL_LEASE_S (kv_transfer/handoff.py KV_LEASE_S - LEASE_MARGIN_S), with
+ClusterConfig's defaults (cluster/config/pools.py), because Helm cannot run Python;
+tests/unit/test_helm_upgrade.py renders it for each preset and variant against the Python and
+names the drift. Plus tandem.oldClusterMarginS; upgrade.oldClusterDeletionDelaySeconds overrides.
+*/}}
+{{- define "tandem.oldClusterDeletionDelayS" -}}
+{{- $override := (.Values.upgrade | default dict).oldClusterDeletionDelaySeconds -}}
+{{- if not (kindIs "invalid" $override) -}}
+{{- int $override -}}
+{{- else -}}
+{{- $cfg := include "tandem.clusterConfig" . | fromJson -}}
+{{- $minDrain := 20.0 -}}{{- /* MIN_DRAIN_S */ -}}
+{{- $prefillLease := 22.0 -}}{{- /* PREFILL_LEASE_S: a 30 s lease less its 8 s margin */ -}}
+{{- $maxModelLen := float64 (($cfg.model | default dict).max_model_len | default 2048) -}}
+{{- $drain := 0.0 -}}
+{{- range $tier, $t := $cfg.tiers -}}
+{{- $itl := float64 (($t.slo | default dict).itl_s | default 0.1) -}}
+{{- range $role := list "prefill" "decode" -}}
+{{- $pool := get $t $role | default dict -}}
+{{- $poolDrain := $pool.drain_timeout_s -}}
+{{- if kindIs "invalid" $poolDrain -}}
+{{- $poolDrain = ternary (maxf $minDrain (mulf $maxModelLen $itl)) (addf $minDrain $prefillLease) (eq $role "decode") -}}
+{{- end -}}
+{{- $drain = maxf $drain $poolDrain -}}
+{{- end -}}
+{{- end -}}
+{{- addf $drain (float64 (include "tandem.oldClusterMarginS" .)) | ceil | int -}}
+{{- end -}}
+{{- end -}}
+
+{{/* Added to the gateway's drain before KubeRay deletes an old RayCluster: after KubeRay points
+the Service at the new cluster, new connections still reach the old head until every node's
+kube-proxy (or the Ingress controller) has the new endpoints, usually seconds; 30 s covers a slow
+control plane. */}}
+{{- define "tandem.oldClusterMarginS" -}}30{{- end -}}
+
+{{/*
 Environment of every Ray container: Ray's token auth (KubeRay's documented variables, set here
 too so that Ray enforces it whatever the operator version), the KV transfer extras, the Hugging
 Face cache and token (engines download a Hub model's weights, the gateway its tokenizer). No

@@ -34,7 +34,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                                                   "to --max-requests)")
     p.add_argument("--max-requests", type=int, default=40_000,
                    help="with --gpus and no --duration: shorten the load so the sweep simulates at most this many "
-                        "requests (~500 per CPU-second on a 2-core VM), not below max(4 s, 4 TTFT objectives)")
+                        "requests (~360 per CPU-second on a 2-core VM, drains included), not below max(4 s, 4 TTFT objectives)")
     p.add_argument("--prefill-share", type=float, default=0.7)
     p.add_argument("--long", default="2048:64", help="prefill-heavy prompt:output tokens")
     p.add_argument("--short", default="128:512", help="decode-heavy prompt:output tokens")

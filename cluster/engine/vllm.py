@@ -19,6 +19,7 @@ from cluster.config import EngineConfig
 from cluster.engine.base import CacheLayout, Engine, EngineInfo, EngineSpec, KVEventsEndpoint, cache_identity
 from cluster.engine.engine_args import parse as parse_engine_args
 from cluster.engine.metrics import Readings, read_vllm_metrics
+from cluster.engine.step_log import log_path, step_log_dir, step_logger
 from cluster.protocol import EngineRequest, InvalidEngineRequest, PrefillResult, merge_outputs, sampling_params
 from kv_transfer.handoff import prefill_request_params
 from cluster.lora_cpu_patch import ENV_FLAG as LORA_CPU_PATCH
@@ -105,6 +106,8 @@ def engine_args(spec: EngineSpec) -> Any:
     given = parse_engine_args(spec.engine.vllm_args(), spec.config_key)
     if spec.tracing is not None and "otlp_traces_endpoint" not in given:
         given["otlp_traces_endpoint"] = spec.tracing.endpoint  # observability.tracing.engine_spans
+    if step_log_dir() is not None:  # vLLM times each step only when asked; a benchmark asks (step_log.py)
+        given["enable_logging_iteration_details"] = True
     if spec.lora is not None:  # model.lora_adapters
         given.update(enable_lora=True, max_loras=spec.lora.max_loras, max_lora_rank=spec.lora.max_lora_rank)
     return AsyncEngineArgs(
@@ -128,7 +131,10 @@ def engine_stat_loggers(spec: EngineSpec) -> Optional[list[type]]:
         return None
     from cluster.engine.vllm_ray_metrics import stat_loggers
 
-    return stat_loggers(spec.pool.tier, spec.pool.role, spec.worker_id)
+    loggers = stat_loggers(spec.pool.tier, spec.pool.role, spec.worker_id)
+    if (directory := step_log_dir()) is not None:  # a benchmark's step timings (step_log.py)
+        loggers.append(step_logger(log_path(directory, spec.pool.tier, spec.pool.role, spec.worker_id)))
+    return loggers
 
 
 def _sampling_params(request: EngineRequest, *, max_tokens: int, kv_params: Optional[dict[str, Any]],

@@ -16,7 +16,8 @@ request's mean token gap alone), printed and written to the JSON. Goodput counts
 meet TTFT + mean ITL, and separately TTFT + every token gap (no stall). Workload
 (loadtest/bench/workload.py): a seeded Poisson mix of prefill-heavy and decode-heavy streaming
 /v1/completions requests, open loop, the same trace per rate for every system; `--mix` picks
-prefill-heavy only, decode-heavy only or both (`--prefill-share`, default 70/30).
+prefill-heavy only, decode-heavy only or both (`--prefill-share`, default 70/30). `--step-log`
+also records every tandem engine step as vLLM times it (the simulator's validation reads them).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import json
 import os
 import platform
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Callable, Optional
@@ -38,6 +40,7 @@ from loadtest.bench.goodput_judge import Multiples, Objectives, Unloaded, best_o
 from loadtest.bench.goodput_plot import plot
 from loadtest.bench import procs
 from loadtest.bench.decisions import delta, fetch, settled
+from loadtest.bench.engine_steps import EngineSteps
 from loadtest.bench.goodput_systems import NAMES, TANDEM_METRICS_URL, System, one_core_engine, serving, systems_of
 from loadtest.bench.loadgen import replay
 from loadtest.bench.workload import Mix, RequestKind, ScheduledRequest, poisson_schedule, summarize
@@ -101,17 +104,22 @@ def calibrate(args, gpu: bool, mix: Mix) -> tuple[Unloaded, Objectives]:
 
 
 def serve_rates(name: str, urls: list[str], args, mix: Mix, objectives: Objectives, cores: int,
-                decisions: Optional[Callable[[], dict[str, float]]] = None) -> list[dict]:
-    """Each rate in turn; with `decisions` (tandem), the P/D decider's verdicts per rate too."""
+                decisions: Optional[Callable[[], dict[str, float]]] = None,
+                steps: Optional[EngineSteps] = None) -> list[dict]:
+    """Each rate in turn; with `decisions` (tandem), the P/D decider's verdicts per rate too;
+    with `steps` (tandem, --step-log), every engine step of the rate."""
     out = []
     counted = settled(decisions) if decisions else {}  # the warm-up's verdicts first, counted in no rate
     for rate in args.rates:
         schedule = poisson_schedule(mix, rate, args.duration, args.seed)
         log(f"[goodput] {name} at {rate} req/s: {len(schedule)} requests over {args.duration:.0f} s")
+        if steps:
+            steps.begin()
         before, machine_before, t0 = procs.snapshot(), psutil.cpu_times(), time.monotonic()
         records, span = asyncio.run(replay(urls, args.model.name, schedule, args.drain_timeout, log,
                                            f"{name} @ {rate}/s"))
         cpu = cores_by_process(before, procs.snapshot(), machine_before, psutil.cpu_times(), time.monotonic() - t0)
+        engine_steps = {"engine_steps": steps.end()} if steps else {}  # over the same span as `cpu`
         summary = summarize(records, objectives.mean, args.duration, span, cores)
         no_stall = summarize(records, objectives.every_gap, args.duration, span, cores)
         summary["goodput_rps_max_gap"] = no_stall["goodput_rps"]
@@ -131,6 +139,7 @@ def serve_rates(name: str, urls: list[str], args, mix: Mix, objectives: Objectiv
         log(f"[goodput] {name} at {rate} req/s: cores busy {cpu}")
         out.append({"rate_rps": rate, "offered_rps": round(len(schedule) / args.duration, 3), **summary,
                     "error_kinds": errors[:5], "pd_decisions": verdicts, "cpu_cores": cpu,
+                    **engine_steps,
                     "records": [{"kind": r.workload, "ttft_ms": _round(r.ttft_ms, 1),
                                  "mean_itl_ms": _round(r.mean_itl_ms, 2), "max_gap_ms": round(r.max_gap_ms, 1),
                                  "tokens": r.output_tokens, "error": r.error or None} for r in records]})
@@ -160,15 +169,20 @@ def run_system(system: System, args, mix: Mix, objectives: Objectives, gpu: bool
     try:
         with serving(system, args, gpu, objectives.every_gap, log) as urls:  # tandem: all three bounds
             cold = round(time.monotonic() - t0, 1)
+            steps = args.step_log if system.kind == "tandem" else None
+            if steps:
+                steps.begin()
             warm_up(urls, args.model.name, mix)
+            # The warm-up's requests run one at a time: the engines' unloaded steps, same processes.
+            unloaded = {"warm_up_steps": steps.end()} if steps else {}
             verdicts = (lambda: fetch(TANDEM_METRICS_URL)) if system.kind == "tandem" else None
-            rates = serve_rates(system.name, urls, args, mix, objectives, cores=2, decisions=verdicts)
+            rates = serve_rates(system.name, urls, args, mix, objectives, cores=2, decisions=verdicts, steps=steps)
     except Exception as exc:  # noqa: BLE001 - the run goes on with the other systems
         reason = f"{type(exc).__name__}: {exc}"[:3000]
         log(f"[goodput] {system.name} could not run here: {reason}")
         return {"error": reason}
     return {"cold_start_s": cold, "max_num_batched_tokens": system.max_num_batched_tokens or args.max_num_batched_tokens,
-            "rates": rates}
+            **unloaded, "rates": rates}
 
 
 def parse_args(argv=None):
@@ -199,6 +213,9 @@ def parse_args(argv=None):
     p.add_argument("--engine-niceness", type=int, default=None,
                    help="tandem's engines' cpu_niceness (engine config); default: the config's")
     p.add_argument("--out", type=Path, default=RESULTS)
+    p.add_argument("--step-log", action="store_true",
+                   help="record tandem's engine steps (vLLM's own step timings) per rate and for the warm-up "
+                        "in the JSON (loadtest/bench/engine_steps.py)")
     p.add_argument("--replot", action="store_true", help="only redraw goodput.png from goodput.json in --out")
     args = p.parse_args(argv)
     args.rates = [float(r) for r in args.rates.split(",")]
@@ -210,6 +227,7 @@ def parse_args(argv=None):
     if not (args.model / "config.json").exists() and not args.replot:
         p.error(f"no model at {args.model}; run `tandem prepare-model` or pass --model PATH")
     args.model = args.model.resolve()
+    args.step_log = EngineSteps(Path(tempfile.mkdtemp(prefix="tandem-steps-"))) if args.step_log and not args.replot else None
     return args
 
 

@@ -14,6 +14,10 @@ yields the URLs the load goes to and stops everything on exit.
                     nixl_progress_poll_ms: null): a pull progresses on the prefill engine only
                     between its steps, as tandem ran until 2026-12-03
   tandem-always     the same, every request prefilled remotely (disaggregation: always)
+  tandem-oldrelay   tandem-adaptive on the relay tandem had until 2026-12-03 (gateway.ingress:
+                    serve, gateway.decode_streams: per_request: Serve's HTTP proxy in front, one
+                    Ray item per token per request; RESULTS.md section 11), which every goodput
+                    run recorded before then used
   colocated-mbt<N>  two plain vLLM api_servers, one core each, round-robin, chunked prefill
                     with max_num_batched_tokens N (one system per N of the sweep)
   single            one plain vLLM api_server on both cores
@@ -36,8 +40,8 @@ TANDEM_METRICS_PORT = 8080  # the local Ray's metrics export (the decider's verd
 TANDEM_METRICS_URL = f"http://127.0.0.1:{TANDEM_METRICS_PORT}/metrics"
 DIRECT_PORTS = (8101, 8102)
 RAYLLM_PORT = 8200
-NAMES = ("tandem-adaptive", "tandem-decode-full", "tandem-noreuse", "tandem-noprog", "tandem-whole", "tandem-always", "colocated", "single",
-         "rayllm-pd")
+NAMES = ("tandem-adaptive", "tandem-decode-full", "tandem-noreuse", "tandem-noprog", "tandem-oldrelay", "tandem-whole", "tandem-always",
+         "colocated", "single", "rayllm-pd")
 WHOLE_MAX_TOKENS = 16  # tandem-whole's routing.whole_on_prefill_max_tokens: the prefill-heavy answers (8) fit
 
 
@@ -50,6 +54,7 @@ class System:
     whole_when_decode_full: bool = False  # tandem only
     first_token_reuse: bool = True  # tandem only
     nixl_progress_thread: bool = True  # tandem only
+    old_relay: bool = False  # tandem only: Serve's proxy in front, a Ray item per token (tandem-oldrelay)
     engines: int = 2  # direct only: 2 colocated, 1 on both cores
     max_num_batched_tokens: Optional[int] = None  # None: the run's --max-num-batched-tokens
 
@@ -68,6 +73,8 @@ def systems_of(names: list[str], colocated_sweep: list[int]) -> list[System]:
                 out.append(System(name, "tandem", first_token_reuse=False))
             elif mode == "noprog":
                 out.append(System(name, "tandem", nixl_progress_thread=False))
+            elif mode == "oldrelay":
+                out.append(System(name, "tandem", old_relay=True))
             else:
                 out.append(System(name, "tandem", disaggregation=mode))
         elif name == "colocated":
@@ -92,7 +99,8 @@ def tandem_config(args, gpu: bool, system: System, objective: Objective) -> Clus
     return ClusterConfig.model_validate({
         "model": {"path": str(args.model), "name": args.model.name, "dtype": args.dtype,
                   "max_model_len": args.max_model_len},
-        "gateway": {"host": "127.0.0.1", "port": GATEWAY_PORT},
+        "gateway": {"host": "127.0.0.1", "port": GATEWAY_PORT,
+                    **({"ingress": "serve", "decode_streams": "per_request"} if system.old_relay else {})},
         "tiers": {"interactive": {
             "prefill": {"replicas": 1, "cpu_binding": ["0"], "engine": engine, **pool},
             "decode": {"replicas": 1, "cpu_binding": ["1"], "engine": engine, **pool},

@@ -96,6 +96,7 @@ class SimEngine:
         self.steps = 0
         self.preemptions = 0
         self.busy_s = 0.0
+        self.full_chunks = (0, 0.0)  # (count, seconds) of steps that were one full budget of prompt (step_record.py)
         self._gap_sum = 0.0  # token gaps of its streams since the last report
         self._gap_n = 0
 
@@ -255,6 +256,8 @@ class SimEngine:
             self._boundary = asyncio.Event()
             self.steps += 1
             self.busy_s += seconds
+            if shape.decode_seqs == 0 and shape.prefill_tokens == self.params.max_num_batched_tokens:
+                self.full_chunks = (self.full_chunks[0] + 1, self.full_chunks[1] + seconds)
             now = loop.time()
             sampled = 0
             for r, n in scheduled.items():

@@ -49,7 +49,9 @@ def _span(records: list[RequestRecord]) -> float:
 
 def _engine_stats(engines: dict[str, SimEngine], span: float) -> dict[str, dict]:
     return {wid: {"steps": e.steps, "preemptions": e.preemptions,
-                  "busy_share": round(e.busy_s / span, 3) if span > 0 else None}
+                  "busy_share": round(e.busy_s / span, 3) if span > 0 else None,
+                  "full_chunks": e.full_chunks[0],
+                  "full_chunk_ms_mean": round(1000 * e.full_chunks[1] / e.full_chunks[0], 1) if e.full_chunks[0] else None}
             for wid, e in sorted(engines.items())}
 
 

@@ -27,6 +27,7 @@ from loadtest.sim.engine import EngineParams
 from loadtest.sim.pools import VLLM_DEFAULT_BUDGET
 from loadtest.sim.run import simulate_colocated, simulate_tandem
 from loadtest.sim.setups import CPU_BLOCK_SIZE, bench_system, bench_tandem_config, cpu_hardware
+from loadtest.sim.step_record import check_cell
 
 RESULTS = Path(__file__).resolve().parents[1] / "bench" / "results"
 CORES = 2
@@ -36,18 +37,36 @@ UNMODELLED = {"single": "one engine on two cores: its two-thread speed-up was ne
 # A run recorded before it had none, whatever its system's name says today: its prefill
 # engine served each KV pull only between its own steps (engine.py next_boundary).
 PROGRESS_THREAD_SINCE = "6fd11a7"
+# The commit that made tandem's relay the one of today (RESULTS.md section 11: gateway.ingress
+# direct, gateway.decode_streams per_step; its parent 5dbc2b7 dropped Serve's proxy). A run
+# recorded before it streamed through Serve's HTTP proxy with one Ray item per token per
+# request, whose CPU per token the same benchmark measured beside today's (systems
+# "tandem-old-relay" and "tandem" of control_plane-issue27.json): its replay is charged that.
+NEW_RELAY_SINCE = "d969805"
 
 
-def had_progress_thread(path: Path) -> Optional[bool]:
-    """Whether the code that recorded `path` had the progress thread: the commit that added the
-    file descends from PROGRESS_THREAD_SINCE. None when git cannot say (no history here)."""
+def recorded_since(path: Path, commit: str, code_commit: Optional[str] = None) -> Optional[bool]:
+    """Whether the code that recorded `path` had `commit`: the commit that added the file
+    descends from it, or `code_commit` does where the record names the code that ran it (a run of
+    older code committed later). None when git cannot say (no history here)."""
     def git(*args: str) -> subprocess.CompletedProcess:
         return subprocess.run(["git", *args], cwd=path.parent, capture_output=True, text=True, check=False)
 
-    added = git("log", "--diff-filter=A", "--format=%H", "--", path.name).stdout.split()
+    added = [code_commit] if code_commit else git("log", "--diff-filter=A", "--format=%H", "--", path.name).stdout.split()
     if not added:
         return None
-    return git("merge-base", "--is-ancestor", PROGRESS_THREAD_SINCE, added[-1]).returncode == 0
+    return git("merge-base", "--is-ancestor", commit, added[-1]).returncode == 0
+
+
+def had_progress_thread(path: Path, code_commit: Optional[str] = None) -> Optional[bool]:
+    return recorded_since(path, PROGRESS_THREAD_SINCE, code_commit)
+
+
+def relay(path: Path, system_old_relay: bool, code_commit: Optional[str] = None) -> str:
+    """The control-plane benchmark's system whose CPU per token the replay charges: the old relay
+    for a tandem-oldrelay system and for a run recorded before NEW_RELAY_SINCE (unknown: today's)."""
+    old = system_old_relay or recorded_since(path, NEW_RELAY_SINCE, code_commit) is False
+    return "tandem-old-relay" if old else "tandem"
 
 
 def replay_run(path: Path, seed: int = 0) -> dict:
@@ -64,7 +83,8 @@ def replay_run(path: Path, seed: int = 0) -> dict:
     schedules = {m["rate_rps"]: poisson_schedule(mix, m["rate_rps"], wl["duration_s"], wl["seed"])
                  for entry in run["systems"].values() for m in entry.get("rates", ())}
     cells, skipped = [], {}
-    thread = had_progress_thread(path)
+    code = run.get("code_commit")  # written by hand beside a run of older code (RESULTS.md section 20)
+    thread = had_progress_thread(path, code)
     for name, entry in run["systems"].items():
         system = None if name in UNMODELLED else bench_system(name)
         if system is not None and system.kind == "tandem" and thread is False:
@@ -78,7 +98,7 @@ def replay_run(path: Path, seed: int = 0) -> dict:
                 # The benchmark gives tandem the every-gap objective (its tier's max_gap_s).
                 cfg = bench_tandem_config(system, every, budget=budget, kv_cache_mib=eng["kv_cache_mib_per_core"],
                                           max_num_seqs=eng["max_num_seqs"], dtype=run["dtype"], model=run["model"])
-                result = simulate_tandem(cfg, hw, from_benchmark("tandem"), schedule, seed=seed,
+                result = simulate_tandem(cfg, hw, from_benchmark(relay(path, system.old_relay, code)), schedule, seed=seed,
                                          drain_timeout_s=wl["drain_timeout_s"], control_cores=CORES,
                                          shares_engine_cores=CORES)
             else:
@@ -90,8 +110,10 @@ def replay_run(path: Path, seed: int = 0) -> dict:
                                             shares_engine_cores=CORES)
             sim = result.summary(mean, every, wl["duration_s"], CORES)
             cells.append(_cell(name, measured, sim, result.trace.reasons()))
+            if "engine_steps" in measured:  # a --step-log recording: the prefill engine's own steps beside the model's
+                cells[-1]["prefill_steps"] = check_cell(entry, measured, result.engines)
     return {"run": str(path.relative_to(RESULTS)), "calibration": {k: cal[k] for k in ("unloaded_ttft_ms", "unloaded_step_ms")},
-            "nixl_progress_thread": thread, "step_model": step.provenance(), "cells": cells, "skipped_systems": skipped, "ranking": _ranking(cells)}
+            "nixl_progress_thread": thread, "relay": relay(path, False, code), "step_model": step.provenance(), "cells": cells, "skipped_systems": skipped, "ranking": _ranking(cells)}
 
 
 def _within(sim: float, measured: float) -> bool:

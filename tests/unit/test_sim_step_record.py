@@ -1,0 +1,96 @@
+"""The engines' own step timings: what a replica writes (cluster/engine/step_log.py), what the
+benchmark reads back per phase (loadtest/bench/engine_steps.py), what the simulator makes of the
+committed record (loadtest/sim/step_record.py), and the relay a replay charges (validate.py)."""
+
+from __future__ import annotations
+
+import json
+from types import SimpleNamespace
+
+from cluster.engine.step_log import ENV, log_path, step_row
+from loadtest.bench.engine_steps import COLUMNS, EngineSteps
+from loadtest.sim.setups import bench_system
+from loadtest.sim.step_record import RECORD, load, prefill_steps, slowdown
+from loadtest.sim.validate import relay
+
+
+def _details(**kw):
+    base = dict(iteration_index=3, num_ctx_requests=1, num_ctx_tokens=256, num_generation_requests=2,
+                num_generation_tokens=2, elapsed_ms=412.345, is_dummy=False)
+    return SimpleNamespace(**{**base, **kw})
+
+
+def test_step_row_is_vllms_iteration_details():
+    row = step_row(_details(), SimpleNamespace(num_running_reqs=3, num_waiting_reqs=1), 12.345678)
+    assert row == {"t": 12.3457, "i": 3, "ctx_reqs": 1, "ctx_tokens": 256, "gen_reqs": 2, "gen_tokens": 2,
+                   "ms": 412.35, "running": 3, "waiting": 1}
+
+
+def test_log_path_names_tier_role_and_a_safe_worker_id(tmp_path):
+    assert log_path(tmp_path, "interactive", "prefill", "a/b c") == tmp_path / "interactive-prefill-a_b_c.jsonl"
+
+
+def test_engine_steps_reads_only_the_phase_s_steps(tmp_path, monkeypatch):
+    monkeypatch.setenv(ENV, "")  # recorded, so the variable EngineSteps sets is undone after the test
+    steps = EngineSteps(tmp_path)
+    import os
+    assert os.environ[ENV] == str(tmp_path)  # the replicas started after this inherit it
+    f = tmp_path / "interactive-prefill-r1.jsonl"
+    line = lambda t, ctx: json.dumps({"t": t, "i": 0, "ctx_reqs": 1, "ctx_tokens": ctx, "gen_reqs": 0,
+                                      "gen_tokens": 0, "ms": 400.0, "running": 1, "waiting": 2}) + "\n"
+    f.write_text(line(1.0, 64))  # before the phase: not counted
+    steps.begin()
+    with f.open("a") as out:
+        out.write(line(steps._t0 + 0.5, 256))
+    got = steps.end()
+    assert got["columns"] == list(COLUMNS)
+    assert got["engines"] == {"interactive-prefill-r1": [[0.5, 256, 0, 400.0, 2]]}
+    assert len(got["per_core"]) >= 1 and {"busy", "steal"} <= set(got["per_core"][0])
+
+
+def test_prefill_steps_keeps_full_chunks_without_decodes():
+    rows = [{"ctx_tokens": 256, "gen_reqs": 0, "ms": 400.0}, {"ctx_tokens": 256, "gen_reqs": 1, "ms": 500.0},
+            {"ctx_tokens": 64, "gen_reqs": 0, "ms": 100.0}]
+    assert prefill_steps(rows, 256) == [400.0]
+
+
+def test_the_committed_record_loads_and_gives_the_slowdown():
+    """The recording the README's figures come from: warm-up (unloaded) and per-rate chunk times."""
+    record = load(RECORD)
+    for system in ("tandem-adaptive", "tandem-oldrelay"):
+        if system not in record["systems"]:
+            continue
+        got = slowdown(record, system)
+        assert got["budget_tokens"] == 256
+        assert got["unloaded"]["prefill_full_chunks"] >= 2
+        for rate in got["rates"].values():
+            assert rate["prefill_full_chunks"] > 0 and rate["vs_unloaded"] > 0.5
+            assert 0 < rate["prefill_busy_share"] <= 1.0
+
+
+def test_the_relay_a_replay_charges(tmp_path):
+    assert bench_system("tandem-oldrelay").old_relay is True
+    no_history = tmp_path / "goodput.json"  # outside any git history: git cannot say, today's relay
+    assert relay(no_history, False) == "tandem"
+    assert relay(no_history, True) == "tandem-old-relay"
+
+
+def test_an_engine_in_a_cluster_logs_its_steps_only_when_asked(tmp_path, monkeypatch):
+    """With TANDEM_STEP_LOG set, the engine asks vLLM for its step timings and gets the step
+    logger after vLLM's own loggers; the logger writes one line per real (not dummy) step."""
+    from cluster.engine.vllm import engine_args, engine_stat_loggers
+    from cluster.types import PoolId
+    from tests.unit.test_engine_args import _spec
+
+    spec = _spec({}, pool=PoolId("interactive", "prefill"), worker_id="w1")
+    monkeypatch.delenv(ENV, raising=False)
+    assert len(engine_stat_loggers(spec)) == 2 and not engine_args(spec).enable_logging_iteration_details
+    monkeypatch.setenv(ENV, str(tmp_path))
+    assert engine_args(spec).enable_logging_iteration_details is True
+    logger = engine_stat_loggers(spec)[-1](vllm_config=None)
+    stats = SimpleNamespace(num_running_reqs=1, num_waiting_reqs=0, iteration_details=_details())
+    logger.record(stats, None)
+    logger.record(SimpleNamespace(num_running_reqs=0, num_waiting_reqs=0, iteration_details=_details(is_dummy=True)), None)
+    logger.record(None, None)
+    lines = (tmp_path / "interactive-prefill-w1.jsonl").read_text().splitlines()
+    assert len(lines) == 1 and json.loads(lines[0])["ctx_tokens"] == 256

@@ -400,3 +400,22 @@ def test_vllms_model_config_gives_the_kv_block_size_in_bytes():
         assert hasattr(ModelConfig, name), update("cluster/engine/vllm.py", f"vLLM's ModelConfig.{name} is gone")
     assert hasattr(torch_utils, "kv_cache_dtype_str_to_dtype"), \
         update("cluster/engine/vllm.py", "vllm.utils.torch_utils.kv_cache_dtype_str_to_dtype is gone")
+
+
+def test_vllms_scheduler_stats_carry_the_iteration_details_the_step_log_reads():
+    """cluster/engine/step_log.py (a benchmark's engine step timings; UPSTREAM.md row 27)."""
+    import dataclasses
+
+    from vllm.engine.arg_utils import AsyncEngineArgs
+    from vllm.v1.metrics.stats import SchedulerIterationDetails, SchedulerStats
+
+    from cluster.engine.step_log import step_row
+
+    assert "enable_logging_iteration_details" in {f.name for f in dataclasses.fields(AsyncEngineArgs)}, \
+        update("cluster/engine/vllm.py", "vLLM's engine argument enable_logging_iteration_details is gone")
+    assert "iteration_details" in {f.name for f in dataclasses.fields(SchedulerStats)}, \
+        update("cluster/engine/step_log.py", "vLLM's SchedulerStats.iteration_details is gone")
+    details = SchedulerIterationDetails(iteration_index=1, num_ctx_requests=1, num_ctx_tokens=256,
+                                        num_generation_requests=2, num_generation_tokens=2, elapsed_ms=400.0)
+    stats = SchedulerStats(num_running_reqs=3, num_waiting_reqs=0, iteration_details=details)
+    assert step_row(details, stats, 1.0)["ctx_tokens"] == 256 and not details.is_dummy

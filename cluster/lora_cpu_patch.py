@@ -11,7 +11,9 @@ alone and in a batch with two adapters' requests differ; vllm-project/vllm PR #4
 
 A second fault of the same ops: computing a request's prompt logprobs, vLLM's LoRA logits layer
 passes one index per sampled request for a row per prompt token, and the op fails on the
-shapes (the engine dies: seen in CI with prompt_logprobs batched beside other requests);
+shapes whenever the two counts differ, either way (the engine dies). Seen in CI with
+prompt_logprobs batched beside other requests: first fewer sampled requests than prompt rows,
+then more (4 prompt rows in a step that sampled 5 requests, an n=3 one among them).
 `rows_indices` gives every row an index.
 
 The fix keeps vLLM's own ops and uses that they are linear in their input: the rows of
@@ -44,7 +46,7 @@ def skipping_no_lora_tokens(op: Callable[..., Any]) -> Callable[..., Any]:
 
     @functools.wraps(op)
     def patched(inputs: Any, weights: Any, output: Any, indices: Any, *args: Any, **kwargs: Any) -> Any:
-        if indices.shape[0] < inputs.shape[0]:
+        if indices.shape[0] != inputs.shape[0]:  # prompt logprobs: see rows_indices
             indices = rows_indices(indices, inputs.shape[0])
         no_lora = indices[: inputs.shape[0]] < 0
         if bool(no_lora.any()):
@@ -58,7 +60,7 @@ def skipping_no_lora_tokens(op: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def rows_indices(indices: Any, rows: int) -> Any:
-    """One index per input row where vLLM gave fewer: its LoRA logits layer passes one index per
+    """One index per input row where vLLM gave another count: its LoRA logits layer passes one index per
     sampled request (`sampler_indices`) while computing a request's prompt logprobs, a row per
     prompt token, and its CPU op then fails (einsum shapes), killing the engine. When every
     request of the step runs the same adapter (or none) that index is right for every row;

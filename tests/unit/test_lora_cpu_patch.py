@@ -83,3 +83,25 @@ def test_prompt_logprobs_rows_get_an_index_instead_of_killing_the_engine():
     assert torch.equal(shrunk, reference)  # every request ran adapter 1: its index for every row
     assert rows_indices(torch.tensor([0, 1]), 3).tolist() == [-1, -1, -1]  # mixed: no delta, no crash
     assert rows_indices(torch.tensor([-1, -1]), 3).tolist() == [-1, -1, -1]
+
+
+def test_prompt_logprobs_of_a_short_prompt_beside_more_sampled_requests_do_not_kill_the_engine():
+    """The other way round (CI, the direct vLLM server: 4 rows of prompt logprobs in a step
+    that sampled 5 requests, one of them n=3): more indices than rows."""
+    from vllm.lora.ops.torch_ops import lora_ops
+
+    from cluster.lora_cpu_patch import skipping_no_lora_tokens
+
+    inputs, lora_a, _, _ = _slots()  # 3 prompt tokens
+    vllms_own = getattr(lora_ops.bgmv_shrink, "__wrapped__", lora_ops.bgmv_shrink)
+    five_sampled = torch.tensor([1] * 5)
+    with pytest.raises(RuntimeError, match="einsum"):
+        vllms_own(inputs, lora_a, torch.zeros(3, 4), five_sampled, 1.0)
+    shrunk, reference = torch.zeros(3, 4), torch.zeros(3, 4)
+    skipping_no_lora_tokens(vllms_own)(inputs, lora_a, shrunk, five_sampled, 1.0)
+    vllms_own(inputs, lora_a, reference, torch.tensor([1] * 3), 1.0)
+    assert torch.equal(shrunk, reference)
+    mixed = torch.zeros(3, 4)
+    skipping_no_lora_tokens(vllms_own)(inputs, lora_a, mixed, torch.tensor([0, 1, 1, 0, -1]), 1.0)
+    assert torch.equal(mixed, torch.zeros(3, 4))  # adapters mixed in the step: no delta, no crash
+

@@ -19,6 +19,7 @@ from typing import Optional
 import psutil
 
 from cluster.engine.step_log import ENV
+from loadtest.bench.procs import machine_busy_s
 
 # One step: seconds since the phase began (at the replica's receipt of its output), prompt
 # tokens computed (prefill chunks), requests decoding, execution ms, requests waiting after it.
@@ -54,11 +55,9 @@ class EngineSteps:
 
 
 def _core_shares(before: list, after: list, span: float) -> list[dict]:
-    """Per core: the share of the span it was busy (all but idle and iowait) and stolen."""
+    """Per core: the share of the span it was busy and stolen (procs.machine_busy_s per core)."""
     shares = []
     for b, a in zip(before, after):
-        total = sum(a) - sum(b)
-        idle = (a.idle - b.idle) + (getattr(a, "iowait", 0.0) - getattr(b, "iowait", 0.0))
-        steal = getattr(a, "steal", 0.0) - getattr(b, "steal", 0.0)
-        shares.append({"busy": round((total - idle - steal) / span, 3), "steal": round(steal / span, 3)})
+        busy, steal = machine_busy_s(b, a)
+        shares.append({"busy": round(busy / span, 3), "steal": round(steal / span, 3)})
     return shares

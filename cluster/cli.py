@@ -314,8 +314,9 @@ def main(argv: list[str] | None = None) -> int:
     push.set_defaults(fn=cmd_grafana_push)
     from loadtest.sim.plan_cli import add_arguments as plan_arguments
 
-    plan = sub.add_parser("plan", help="SIMULATED goodput of a config: adaptive / always / never / colocated; "
-                                       "with --gpus 16xH200, the P:D split of that budget it recommends")
+    plan = sub.add_parser("plan", help="SIMULATED goodput of a config under a workload (a seeded mix or a trace "
+                                       "file): adaptive / always / never / colocated, and the control-plane cores "
+                                       "each needs; with --gpus 16xH200, the P:D split of that budget it recommends")
     plan_arguments(plan)
     plan.set_defaults(fn=cmd_plan)
     args = parser.parse_args(argv)

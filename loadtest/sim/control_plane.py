@@ -87,12 +87,16 @@ class ControlPlane:
         self.cores = cores
         self.shared = shares_engine_cores
         self.cpu_s = 0.0
+        self.tokens = 0  # what cpu_s was charged for, so a reader can redo the product
+        self.requests = 0
         self.peak_cores = 0.0
         self._recent: deque[tuple[float, float]] = deque()
         self._recent_sum = 0.0
         self.busy_engines = 0  # engines computing a step now (engine.py on_busy)
 
     def charge(self, now: float, tokens: int = 0, requests: int = 0) -> None:
+        self.tokens += tokens
+        self.requests += requests
         cpu = tokens * self.cost.per_token_cpu_s + requests * self.cost.per_request_cpu_s
         if cpu <= 0:
             return
@@ -126,5 +130,6 @@ class ControlPlane:
     def summary(self, span_s: float) -> dict:
         mean = self.cost.baseline_cores + (self.cpu_s / span_s if span_s > 0 else 0.0)
         return {"cost": asdict(self.cost), "cores": self.cores, "shares_engine_cores": self.shared,
-                "cpu_s": round(self.cpu_s, 3), "mean_cores": round(mean, 3), "peak_cores_1s": round(self.peak_cores, 3),
+                "cpu_s": round(self.cpu_s, 3), "tokens": self.tokens, "requests": self.requests, "span_s": round(span_s, 3),
+                "mean_cores": round(mean, 3), "peak_cores_1s": round(self.peak_cores, 3),
                 "saturated": self.peak_cores > self.cores}

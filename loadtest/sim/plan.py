@@ -2,6 +2,8 @@
 always-disaggregated and never-disaggregated (decode engines alone), and the same engines
 colocated (each does both phases), over a range of offered loads and KV-link bandwidths; with
 `--gpus 16xH200`, the P:D splits of that GPU budget instead, and a recommendation (plan_gpus.py).
+The workload is the goodput benchmark's seeded mix or a trace file (`--workload`, workload_trace.py);
+every run states the control-plane cores it needed, and each system's need (plan_control.py).
 
 SIMULATED, every figure: the step time is AIConfigurator's GPU tables where they hold the GPU x
 model x TP, else a roofline bound with stated efficiencies (plan_step.py), the KV link a swept
@@ -18,18 +20,22 @@ import json
 from pathlib import Path
 
 from cluster.config import ClusterConfig
-from loadtest.bench.workload import poisson_schedule
+from loadtest.bench.workload import Mix
 from loadtest.sim import LABEL
 from loadtest.sim.control_plane import from_benchmark
 from loadtest.sim.engine import EngineParams
 from loadtest.sim.network import LinkSpec
 from loadtest.sim.pools import Hardware, engine_params
-from loadtest.sim.plan_inputs import GPU_BLOCK_SIZE, objectives, step_choice, workload
+from loadtest.sim.plan_control import ACTS_THROUGH, line, need
+from loadtest.sim.plan_inputs import (GPU_BLOCK_SIZE, load, max_output, objectives, rates, step_choice, workload,
+                                      describe as describe_workload)
+from loadtest.sim.plan_sizing import drain_s
 from loadtest.sim.plan_step import describe
 from loadtest.sim.run import simulate_colocated, simulate_tandem
 from loadtest.sim.step_time import MODELS
 
 SYSTEMS = ("adaptive", "always", "never", "colocated")
+DEFAULT_DURATION_S = 30.0  # seconds of offered load per run of the mix (a trace brings its own)
 
 
 def run(args: argparse.Namespace) -> dict:
@@ -37,50 +43,57 @@ def run(args: argparse.Namespace) -> dict:
         from loadtest.sim.plan_gpus import run_sized
 
         return run_sized(args)
-    if args.duration is None:
-        args.duration = 30.0
+    wl = workload(args)
+    duration = DEFAULT_DURATION_S if args.duration is None else args.duration
+    xs = rates(args, wl, "1,2,4,8")
+    if xs is None:
+        raise SystemExit("--rates auto places the loads around a GPU budget's capacity: it needs --gpus")
     cfg = ClusterConfig.load(args.config)
     tier_name, tier = next(iter(cfg.tiers.items()))
     shape = MODELS[args.model]
     choice = step_choice(args)
     step = choice.model
-    mix = workload(args)
     mean, every = objectives(tier)
     engines = tier.prefill.replicas + tier.decode.replicas
-    cost = from_benchmark("tandem")
+    cost, vllm_cost = from_benchmark("tandem"), from_benchmark("vllm")
     rows = []
     for gbps in (float(x) for x in args.bandwidths_gbps.split(",")):
         hw = Hardware(step_model=lambda t, r: step, kv_bytes_per_token=shape.kv_bytes_per_token,
                       default_block_size=GPU_BLOCK_SIZE, link=LinkSpec(gbps * 1e9 / 8, args.transfer_fixed_ms / 1000))
-        for rate in (float(x) for x in (args.rates or "1,2,4,8").split(",")):
-            schedule = poisson_schedule(mix, rate, args.duration, args.seed)
+        for x in xs:
+            offered = load(wl, x, duration, args.seed)
+            drain = drain_s(offered.duration_s, tier.slo.ttft_s, tier.slo.itl_s, max_output(wl))
             for system in SYSTEMS:
                 if system == "colocated":
                     d = engine_params(tier.decode, hw)
                     params = EngineParams(d.max_num_seqs, d.max_num_batched_tokens, d.block_size, d.num_blocks)
-                    result = simulate_colocated(engines, params, step, from_benchmark("vllm"), schedule,
-                                                drain_timeout_s=args.duration, control_cores=args.control_cores,
+                    result = simulate_colocated(engines, params, step, vllm_cost, offered.schedule,
+                                                drain_timeout_s=drain, control_cores=args.control_cores,
                                                 shares_engine_cores=None)
                 else:
                     variant = cfg.model_copy(update={"routing": cfg.routing.model_copy(update={"disaggregation": system})})
-                    result = simulate_tandem(variant, hw, cost, schedule, seed=args.seed, drain_timeout_s=args.duration,
+                    result = simulate_tandem(variant, hw, cost, offered.schedule, seed=args.seed, drain_timeout_s=drain,
                                              control_cores=args.control_cores, shares_engine_cores=None, tier=tier_name)
-                s = result.summary(mean, every, args.duration, engines)
-                rows.append({"bandwidth_gbps": gbps, "rate_rps": rate, "system": system, "goodput_rps": s["goodput_rps"],
+                s = result.summary(mean, every, offered.duration_s, engines)
+                rows.append({"bandwidth_gbps": gbps, "rate_rps": offered.rate_rps, "replay_speed": offered.speed,
+                             "system": system, "goodput_rps": s["goodput_rps"],
                              "goodput_rps_max_gap": s["goodput_rps_max_gap"], "ttft_p90_ms": s["ttft"].get("p90_ms"),
                              "mean_itl_p50_ms": s["mean_itl"].get("p50_ms"), "reasons": result.trace.reasons(),
                              "control_plane": result.control})
     return {"label": LABEL, "what": "tandem plan: simulated goodput per system, offered load and KV bandwidth",
             "provenance": {"step_time": choice.provenance(), "kv_link": {"bandwidths_gbps": args.bandwidths_gbps,
                                                                        "fixed_ms": args.transfer_fixed_ms},
-                           "control_plane": {"tandem": cost.source, "cores": args.control_cores},
+                           "control_plane": {"tandem": cost.source, "colocated": vllm_cost.source,
+                                             "cores": args.control_cores, "acts_through": ACTS_THROUGH},
                            "config": str(args.config), "tier": tier_name, "engines": engines,
                            "validated": {"cpu": "python -m loadtest.sim validate (results/validation.json)",
                                          "step_time": choice.validation["summary"] if choice.validation else
                                          "a roofline bound: not validated"}},
-            "workload": {"mix": {"long": args.long, "short": args.short, "prefill_share": args.prefill_share},
-                         "rates_rps": args.rates or "1,2,4,8", "duration_s": args.duration, "seed": args.seed},
+            "workload": {**describe_workload(args, wl), "rates_rps": sorted({r["rate_rps"] for r in rows}),
+                         "duration_s": duration if isinstance(wl, Mix) else round(wl.span_s, 3), "seed": args.seed},
             "objectives": {"ttft_ms": mean.ttft_ms, "mean_itl_ms": mean.mean_itl_ms, "max_gap_ms": every.max_gap_ms},
+            "control_plane_need": {system: need([r for r in rows if r["system"] == system], args.control_cores)
+                                   for system in SYSTEMS},
             "rows": rows}
 
 
@@ -123,8 +136,17 @@ def main(args: argparse.Namespace) -> int:
     if sized:
         report(result)
     else:
-        print(f"{LABEL} goodput (req/s, TTFT + mean ITL), tier {result['provenance']['tier']}:")
+        print(f"{LABEL} goodput (req/s, TTFT + mean ITL), tier {result['provenance']['tier']}; control-plane cores "
+              f"(busiest second / mean; {ACTS_THROUGH.split(':')[0]}):")
         for r in result["rows"]:
-            print(f"  link {r['bandwidth_gbps']:>6g} Gbit/s  load {r['rate_rps']:>5g}  {r['system']:<10} {r['goodput_rps']:.3f}")
+            cp = r["control_plane"]
+            print(f"  link {r['bandwidth_gbps']:>6g} Gbit/s  load {r['rate_rps']:>7g}  {r['system']:<10} "
+                  f"{r['goodput_rps']:.3f}   control plane {cp['peak_cores_1s']:.2f} / {cp['mean_cores']:.2f} cores"
+                  + (f" (past --control-cores {cp['cores']:g})" if cp["saturated"] else ""))
+        cp = result["provenance"]["control_plane"]
+        print(f"{LABEL} control-plane cores needed, per system over the runs (CPU per token: tandem {cp['tandem']}; "
+              f"colocated {cp['colocated']}):")
+        for system, n in result["control_plane_need"].items():
+            print(f"  {system:<10} {line(n)}")
     print(f"written {args.out / 'plan.json'} and {args.out / 'plan.png'} (marked {LABEL}, with provenance)")
     return 0

@@ -24,19 +24,30 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--mbu", type=float, default=0.7, help="assumed share of peak memory bandwidth reached (roofline)")
     p.add_argument("--bandwidths-gbps", default="10,50,200", help="KV link per engine NIC, Gbit/s (swept)")
     p.add_argument("--transfer-fixed-ms", type=float, default=2.0)
-    p.add_argument("--control-cores", type=float, default=4.0, help="cores of the gateway/Serve processes")
-    p.add_argument("--rates", help="offered loads, req/s (default 1,2,4,8; with --gpus: auto, shares of an estimated "
-                                   "capacity of the GPUs)")
+    p.add_argument("--control-cores", type=float, default=4.0,
+                   help="cores of the gateway/Serve processes: the output says the cores each run's control plane "
+                        "needed (busiest second, mean) and where that passes these (counted, not a limit: the "
+                        "simulated engines are not slowed by it)")
+    p.add_argument("--workload", default="mix",
+                   help="mix (the default): the seeded Poisson mix of --long/--short/--prefill-share, as the goodput "
+                        "benchmark offers it; else a trace file, JSON Lines, one request a line in arrival order: "
+                        '{"at_s": 0.1, "prompt_tokens": 2048, "output_tokens": 64} plus, both or neither, '
+                        '"prefix_group": "chat", "prefix_tokens": 512 (a prefix shared by the group\'s requests). '
+                        "With a trace, the trace is the load: --rates are replay speeds, --duration does not apply "
+                        "(format: loadtest/sim/workload_trace.py)")
+    p.add_argument("--rates", help="offered loads, req/s of the mix (default 1,2,4,8; with --gpus: auto, shares of an "
+                                   "estimated capacity of the GPUs); with a trace, replay speeds of its own rate "
+                                   "(default 1: as written; 0.5,1,2: every arrival at twice, once, half its time)")
     p.add_argument("--modes", default="adaptive,always", help="with --gpus: tandem's disaggregation modes run on "
                                                               "every P:D split (colocated is always run)")
     p.add_argument("--max-splits", type=int, default=7, help="with --gpus: at most this many P:D splits, evenly spaced")
-    p.add_argument("--duration", type=float, help="seconds of offered load (default 30; with --gpus 10, shortened "
-                                                  "to --max-requests)")
+    p.add_argument("--duration", type=float, help="seconds of offered load of the mix (default 30; with --gpus 10, "
+                                                  "shortened to --max-requests)")
     p.add_argument("--max-requests", type=int, default=40_000,
-                   help="with --gpus and no --duration: shorten the load so the sweep simulates at most this many "
+                   help="with --gpus, the mix and no --duration: shorten the load so the sweep simulates at most this many "
                         "requests (~360 per CPU-second on a 2-core VM, drains included), not below max(4 s, 4 TTFT objectives)")
-    p.add_argument("--prefill-share", type=float, default=0.7)
-    p.add_argument("--long", default="2048:64", help="prefill-heavy prompt:output tokens")
-    p.add_argument("--short", default="128:512", help="decode-heavy prompt:output tokens")
+    p.add_argument("--prefill-share", type=float, default=0.7, help="the mix's share of prefill-heavy requests")
+    p.add_argument("--long", default="2048:64", help="the mix's prefill-heavy prompt:output tokens")
+    p.add_argument("--short", default="128:512", help="the mix's decode-heavy prompt:output tokens")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", type=Path, default=Path("plan"), help="folder for plan.json and plan.png")

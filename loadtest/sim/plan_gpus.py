@@ -19,12 +19,14 @@ from typing import Optional
 
 from cluster.config import ClusterConfig
 from cluster.config.pools import PoolConfig
-from loadtest.bench.workload import poisson_schedule
+from loadtest.bench.workload import Mix
 from loadtest.sim import LABEL
 from loadtest.sim.control_plane import from_benchmark
 from loadtest.sim.engine import EngineParams
 from loadtest.sim.network import LinkSpec
-from loadtest.sim.plan_inputs import GPU_BLOCK_SIZE, objectives, step_choice, workload
+from loadtest.sim.plan_control import ACTS_THROUGH, best_run, line, need
+from loadtest.sim.plan_inputs import (GPU_BLOCK_SIZE, kinds, load, max_output, objectives, rates, step_choice, workload,
+                                      describe as describe_workload)
 from loadtest.sim.plan_sizing import (GpuBudget, Split, auto_rates, capacity_rps, drain_s, fit_duration, recommend,
                                       score, splits)
 from loadtest.sim.plan_step import describe
@@ -32,6 +34,7 @@ from loadtest.sim.pools import Hardware, engine_params
 from loadtest.sim.run import simulate_colocated, simulate_tandem
 from loadtest.sim.step_time import MODELS
 from loadtest.sim.validate_gpu import EMBED_PARAMS, EngineDefaults, kv_blocks
+from loadtest.sim.workload_trace import Load
 
 DEFAULT_DURATION_S = 10.0  # seconds of load per run unless --max-requests shortens it
 
@@ -90,47 +93,53 @@ def run_sized(args: argparse.Namespace) -> dict:
     if not modes or any(m not in ("adaptive", "always") for m in modes):
         raise SystemExit(f"--modes: adaptive and/or always (colocated is run anyway), got {args.modes!r}")
     candidates = splits(engines, args.tp, args.max_splits)
-    mix = workload(args)
+    wl = workload(args)
     mean, every = objectives(tier)
     hw0 = Hardware(step_model=lambda t, r: step, kv_bytes_per_token=shape.kv_bytes_per_token,
                    default_block_size=GPU_BLOCK_SIZE, link=LinkSpec(1.0, 0.0))
     colocated = engine_params(sized_config(cfg, tier_name, candidates[0], "never", kv_bytes).tiers[tier_name].decode, hw0)
-    kinds = [(mix.prefill_share, mix.prefill_heavy.prompt_tokens, mix.prefill_heavy.output_tokens),
-             (1 - mix.prefill_share, mix.decode_heavy.prompt_tokens, mix.decode_heavy.output_tokens)]
-    capacity = capacity_rps(step, kinds, engines, colocated.max_num_batched_tokens, colocated.max_num_seqs)
-    rates = auto_rates(capacity) if args.rates in (None, "auto") else tuple(float(x) for x in args.rates.split(","))
+    capacity = capacity_rps(step, kinds(wl), engines, colocated.max_num_batched_tokens, colocated.max_num_seqs)
+    xs = rates(args, wl, None) or auto_rates(capacity)  # req/s of the mix, or a trace's replay speeds
     bandwidths = [float(x) for x in args.bandwidths_gbps.split(",")]
     tandem_cost, vllm_cost = from_benchmark("tandem"), from_benchmark("vllm")
     runs_per_load = 1 + len(bandwidths) * (len(candidates) - 1) * len(modes)
-    duration = args.duration if args.duration is not None else \
-        fit_duration(DEFAULT_DURATION_S, rates, runs_per_load, args.max_requests, max(4.0, 4 * tier.slo.ttft_s))
-    drain = drain_s(duration, tier.slo.ttft_s, tier.slo.itl_s,
-                    max(mix.prefill_heavy.output_tokens, mix.decode_heavy.output_tokens))
-    requests = round(sum(rates) * duration * runs_per_load)
+    if isinstance(wl, Mix):
+        duration = args.duration if args.duration is not None else \
+            fit_duration(DEFAULT_DURATION_S, xs, runs_per_load, args.max_requests, max(4.0, 4 * tier.slo.ttft_s))
+        requests = round(sum(xs) * duration * runs_per_load)
+    else:  # the trace is the load: --max-requests does not shorten it
+        duration = wl.span_s
+        requests = len(wl.requests) * len(xs) * runs_per_load
     # The wall time follows the simulated requests: say it first. ~360 per CPU-second, drains
     # included, measured for the 16xH200 70B example on a 2-core VM (25,460 in 70 s): a rough guide.
-    print(f"{LABEL}: {runs_per_load * len(rates)} runs of {duration:g} s, ~{requests:,} simulated requests (colocated + "
-          f"{len(candidates) - 1} P:D splits x {len(modes)} modes, {len(rates)} loads, {len(bandwidths)} KV links); "
+    each = f"{duration:.3g} s" + ("" if isinstance(wl, Mix) else " at speed 1")
+    print(f"{LABEL}: {runs_per_load * len(xs)} runs of {each}, ~{requests:,} simulated requests (colocated + "
+          f"{len(candidates) - 1} P:D splits x {len(modes)} modes, {len(xs)} loads, {len(bandwidths)} KV links); "
           f"roughly {max(requests / 360 / 60, 0.1):.1f} min", flush=True)
-    rows = []
-    for rate in rates:
-        schedule = poisson_schedule(mix, rate, duration, args.seed)
+    rows, drains = [], {}
+    for x in xs:
+        offered = load(wl, x, duration, args.seed)
+        drain = drains[offered.rate_rps] = drain_s(offered.duration_s, tier.slo.ttft_s, tier.slo.itl_s, max_output(wl))
         # Colocated engines pull no KV: one run serves every bandwidth's comparison.
-        res = simulate_colocated(engines, colocated, step, vllm_cost, schedule, drain_timeout_s=drain,
+        res = simulate_colocated(engines, colocated, step, vllm_cost, offered.schedule, drain_timeout_s=drain,
                                  control_cores=args.control_cores, shares_engine_cores=None)
-        coloc = _row(candidates[0], "colocated", rate, res, mean, every, duration)
+        coloc = _row(candidates[0], "colocated", offered, res, mean, every)
         rows += [{**coloc, "bandwidth_gbps": bw} for bw in bandwidths]
         for gbps in bandwidths:
             hw = Hardware(step_model=lambda t, r: step, kv_bytes_per_token=shape.kv_bytes_per_token,
                           default_block_size=GPU_BLOCK_SIZE, link=LinkSpec(gbps * 1e9 / 8, args.transfer_fixed_ms / 1000))
             for split in candidates[1:]:
                 for mode in modes:
-                    res = simulate_tandem(sized_config(cfg, tier_name, split, mode, kv_bytes), hw, tandem_cost, schedule,
+                    res = simulate_tandem(sized_config(cfg, tier_name, split, mode, kv_bytes), hw, tandem_cost,
+                                          offered.schedule,
                                           seed=args.seed, drain_timeout_s=drain, control_cores=args.control_cores,
                                           shares_engine_cores=None, tier=tier_name)
-                    rows.append({**_row(split, mode, rate, res, mean, every, duration), "bandwidth_gbps": gbps})
+                    rows.append({**_row(split, mode, offered, res, mean, every), "bandwidth_gbps": gbps})
     slo = f"TTFT {mean.ttft_ms:g} ms, mean ITL {mean.mean_itl_ms:g} ms"
     rec = recommend(score(rows, {s.label: s for s in candidates}), budget.gpu, slo)
+    by_candidate = {c: [r for r in rows if r["candidate"] == c] for c in rec["ranking"]}
+    control = {c: need(rs, args.control_cores, best_run(rs)) for c, rs in by_candidate.items()}
+    rec["control_plane"] = control[rec["candidate"]]
     return {"label": LABEL, "what": f"tandem plan --gpus {budget}: simulated goodput of every P:D split and colocated",
             "recommendation": rec,
             "budget": {"gpus": budget.count, "gpu": budget.gpu, "tp": args.tp, "engines": engines,
@@ -139,7 +148,7 @@ def run_sized(args: argparse.Namespace) -> dict:
             "provenance": {"step_time": choice.provenance(),
                            "kv_link": {"bandwidths_gbps": args.bandwidths_gbps, "fixed_ms": args.transfer_fixed_ms},
                            "control_plane": {"tandem": tandem_cost.source, "colocated": vllm_cost.source,
-                                             "cores": args.control_cores},
+                                             "cores": args.control_cores, "acts_through": ACTS_THROUGH},
                            "kv_cache_bytes_per_engine": colocated.num_blocks * colocated.block_size * shape.kv_bytes_per_token,
                            "kv_cache_from": "config" if not gpu_sized(tier.decode) else
                            "GPU memory after weights (validate_gpu.py kv_blocks)",
@@ -148,20 +157,23 @@ def run_sized(args: argparse.Namespace) -> dict:
                            "capacity_note": "a rough estimate from the step time, only to place the load grid",
                            "score": "per candidate: best goodput over the offered loads, least over the bandwidths",
                            "wall_s": round(time.monotonic() - started, 1)},
-            "workload": {"mix": {"long": args.long, "short": args.short, "prefill_share": args.prefill_share},
-                         "rates_rps": list(rates), "duration_s": duration, "drain_s": drain, "seed": args.seed,
+            "workload": {**describe_workload(args, wl), "rates_rps": sorted({r["rate_rps"] for r in rows}),
+                         "duration_s": duration, "seed": args.seed,
+                         "drain_s": drain if len(set(drains.values())) == 1 else {f"{r:g}": d for r, d in drains.items()},
                          "simulated_requests": requests,
-                         "duration_from": "--duration" if args.duration is not None else
+                         "duration_from": "the trace (its last arrival)" if not isinstance(wl, Mix) else
+                         "--duration" if args.duration is not None else
                          f"the default {DEFAULT_DURATION_S:g} s" if duration >= DEFAULT_DURATION_S else
                          f"the default {DEFAULT_DURATION_S:g} s shortened to fit --max-requests {args.max_requests}"},
             "objectives": {"ttft_ms": mean.ttft_ms, "mean_itl_ms": mean.mean_itl_ms, "max_gap_ms": every.max_gap_ms},
+            "control_plane_need": control,
             "rows": rows}
 
 
-def _row(split: Split, mode: str, rate: float, res, mean, every, duration: float) -> dict:
-    s = res.summary(mean, every, duration, split.engines)
+def _row(split: Split, mode: str, offered: Load, res, mean, every) -> dict:
+    s = res.summary(mean, every, offered.duration_s, split.engines)
     return {"candidate": split.label if split.colocated else f"{mode} {split.label}", "split": split.label,
-            "mode": mode, "rate_rps": rate, "goodput_rps": s["goodput_rps"],
+            "mode": mode, "rate_rps": offered.rate_rps, "replay_speed": offered.speed, "goodput_rps": s["goodput_rps"],
             "goodput_rps_max_gap": s["goodput_rps_max_gap"], "ttft_p90_ms": s["ttft"].get("p90_ms"),
             "mean_itl_p50_ms": s["mean_itl"].get("p50_ms"), "reasons": res.trace.reasons(),
             "control_plane": res.control}
@@ -171,7 +183,10 @@ def report(result: dict) -> None:
     rec, b = result["recommendation"], result["budget"]
     print(f"{LABEL} plan for {b['gpus']}x{b['gpu']}, TP{b['tp']}: {b['engines']} engines"
           + (f" ({b['idle_gpus']} GPUs idle)" if b["idle_gpus"] else "")
-          + f"; offered loads {', '.join(f'{r:g}' for r in result['workload']['rates_rps'])} req/s")
+          + f"; offered loads {', '.join(f'{r:g}' for r in result['workload']['rates_rps'])} req/s"
+          + (f" (the trace {result['workload']['trace']['path']} at replay speeds "
+             + ", ".join(f"{x:g}" for x in sorted({r["replay_speed"] for r in result["rows"]})) + ")"
+             if "trace" in result["workload"] else ""))
     print(f"recommended: {rec['reason']}")
     print("goodput under the SLO, req/s (best over the loads; per KV link Gbit/s):")
     best: dict[str, dict[float, float]] = {}
@@ -180,6 +195,12 @@ def report(result: dict) -> None:
         cell[r["bandwidth_gbps"]] = max(cell.get(r["bandwidth_gbps"], 0.0), r["goodput_rps"])
     for c in rec["ranking"]:
         print(f"  {c:<22} " + "  ".join(f"{bw:>5g}: {g:7.2f}" for bw, g in sorted(best[c].items())))
+    cp = result["provenance"]["control_plane"]
+    print(f"control-plane cores ({ACTS_THROUGH.split(':')[0]}; CPU per token: tandem {cp['tandem']}; "
+          f"colocated {cp['colocated']}):")
+    for c in rec["ranking"]:
+        print(f"  {c:<22} {line(result['control_plane_need'][c])}")
+    print(f"the recommended {rec['candidate']} needs {line(rec['control_plane'])}")
     print(f"simulated in {result['provenance']['wall_s']} s")
 
 

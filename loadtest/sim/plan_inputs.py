@@ -1,14 +1,19 @@
 """What `tandem plan` reads from its arguments, shared by the sweep of one config (plan.py) and
 the sweep of a GPU budget's splits (plan_gpus.py): the GPU, the step-time model, the workload
-mix and the tier's objectives."""
+(the seeded mix or a trace, workload_trace.py), its offered loads and the tier's objectives."""
 
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
+from typing import Optional, Union
 
-from loadtest.bench.workload import Mix, RequestKind
+from loadtest.bench.workload import Mix, RequestKind, poisson_schedule
 from loadtest.measure.slo import Objective
 from loadtest.sim.plan_step import StepChoice, choose_step_time
+from loadtest.sim.workload_trace import Load, TraceError, WorkloadTrace, read_trace
+
+Workload = Union[Mix, WorkloadTrace]
 
 GPU_BLOCK_SIZE = 16  # vLLM's default block size on CUDA
 
@@ -37,8 +42,62 @@ def step_choice(args: argparse.Namespace) -> StepChoice:
     return choose_step_time(args.step_time, accelerator(args), args.model, args.tp, args.gemm, args.mfu, args.mbu)
 
 
-def workload(args: argparse.Namespace) -> Mix:
-    return Mix(_kind("prefill-heavy", args.long), _kind("decode-heavy", args.short), args.prefill_share)
+def workload(args: argparse.Namespace) -> Workload:
+    """`--workload mix` (the default): the seeded Poisson mix of --long / --short / --prefill-share,
+    the goodput benchmark's own; else the trace file it names, checked line by line here."""
+    if args.workload == "mix":
+        return Mix(_kind("prefill-heavy", args.long), _kind("decode-heavy", args.short), args.prefill_share)
+    if args.duration is not None:
+        raise SystemExit("--duration applies to --workload mix: a trace's window is its own (its last arrival over "
+                         "the --rates speed); cut the file to replay less of it")
+    try:
+        return read_trace(Path(args.workload))
+    except TraceError as exc:
+        raise SystemExit(str(exc)) from None
+
+
+def rates(args: argparse.Namespace, wl: Workload, mix_default: Optional[str]) -> Optional[tuple[float, ...]]:
+    """--rates as numbers: req/s for the mix (`mix_default` when not given; None: the caller's
+    auto grid), replay speeds for a trace (default 1: the trace as written)."""
+    text = args.rates or (mix_default if isinstance(wl, Mix) else "1")
+    if text in (None, "auto"):
+        if isinstance(wl, WorkloadTrace):
+            raise SystemExit("--rates auto is for --workload mix; a trace's --rates are replay speeds (e.g. 0.5,1,2)")
+        return None
+    try:
+        out = tuple(float(x) for x in text.split(","))
+    except ValueError:
+        raise SystemExit(f"--rates wants numbers separated by commas, got {text!r}") from None
+    if not all(x > 0 for x in out):
+        raise SystemExit(f"--rates must be positive, got {text!r}")
+    return out
+
+
+def load(wl: Workload, x: float, duration_s: float, seed: int) -> Load:
+    """One run's offered load: the mix at `x` req/s over `duration_s`, or the trace at speed `x`
+    (its own window: `duration_s` is the mix's alone)."""
+    if isinstance(wl, Mix):
+        return Load(x, duration_s, poisson_schedule(wl, x, duration_s, seed))
+    return wl.load(x, seed)
+
+
+def kinds(wl: Workload) -> list[tuple[float, int, int]]:
+    """(share, prompt tokens, output tokens): plan_sizing.capacity_rps's input."""
+    if isinstance(wl, Mix):
+        return [(wl.prefill_share, wl.prefill_heavy.prompt_tokens, wl.prefill_heavy.output_tokens),
+                (1 - wl.prefill_share, wl.decode_heavy.prompt_tokens, wl.decode_heavy.output_tokens)]
+    return wl.kinds()
+
+
+def max_output(wl: Workload) -> int:
+    return max(o for _, _, o in kinds(wl))
+
+
+def describe(args: argparse.Namespace, wl: Workload) -> dict:
+    """The JSON's workload: the mix's settings, or the trace's summary and how --rates read it."""
+    if isinstance(wl, Mix):
+        return {"mix": {"long": args.long, "short": args.short, "prefill_share": args.prefill_share}}
+    return {"trace": wl.describe(), "rates_are": "replay speeds of the trace's own rate (1: as written)"}
 
 
 def objectives(tier) -> tuple[Objective, Objective]:

@@ -48,11 +48,14 @@ def main(argv: list[str] | None = None) -> int:
            "python": platform.python_version(), "score": score(runs), "runs": runs}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(out, indent=1, sort_keys=True) + "\n")
+    from loadtest.sim.validate_plot import plot
+
+    picture = plot(out, args.out.with_suffix(".png"))
     s = out["score"]
     print(f"{LABEL}: {s['within']}/{s['cells']} cells within max(0.15 req/s, 20%) (mean-ITL goodput), "
-          f"{s['within_max_gap']}/{s['cells']} (every-gap), by system {s['within_by_system']}; ranking reproduced in "
+          f"{s['within_max_gap']}/{s['cells']} (every-gap), by system {s['within_by_system']}, by host {s['within_by_machine']}; ranking reproduced in "
           f"{s['ranking_reproduced']}/{s['runs_ranked']} runs (winner {s['winner_reproduced']}/{s['runs_ranked']}); reason mix within 10 points in {s['reason_mix_within']}/"
-          f"{s['reason_mix_cells']} cells. Written {args.out}")
+          f"{s['reason_mix_cells']} cells. Written {args.out}" + (f" and {picture}" if picture else ""))
     return 0
 
 

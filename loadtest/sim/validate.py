@@ -112,8 +112,20 @@ def replay_run(path: Path, seed: int = 0) -> dict:
             cells.append(_cell(name, measured, sim, result.trace.reasons()))
             if "engine_steps" in measured:  # a --step-log recording: the prefill engine's own steps beside the model's
                 cells[-1]["prefill_steps"] = check_cell(entry, measured, result.engines)
-    return {"run": str(path.relative_to(RESULTS)), "calibration": {k: cal[k] for k in ("unloaded_ttft_ms", "unloaded_step_ms")},
+    return {"run": str(path.relative_to(RESULTS)), "machine": machine_class(run["machine"]), "dtype": run["dtype"],
+            "calibration": {k: cal[k] for k in ("unloaded_ttft_ms", "unloaded_step_ms")},
             "nixl_progress_thread": thread, "relay": relay(path, False, code), "step_model": step.provenance(), "cells": cells, "skipped_systems": skipped, "ranking": _ranking(cells)}
+
+
+def machine_class(machine: dict) -> str:
+    """The CPU class a run was recorded on (the goodput JSON's `machine`): AMX, AVX-512 BF16 and
+    AVX2-only hosts run the same engine at speeds ~3x apart and in different dtypes, so the
+    score is also given per class (each run's calibration carries its speed; nothing else does)."""
+    if machine.get("gpu"):
+        return "GPU"
+    if machine.get("amx_bf16"):
+        return "AMX"
+    return "AVX-512 BF16" if machine.get("avx512_bf16") else "AVX2"
 
 
 def _within(sim: float, measured: float) -> bool:
@@ -179,6 +191,11 @@ def score(runs: list[dict]) -> dict:
     mixes = [c["reasons"] for c in cells if "reasons" in c and "within_10_points" in c["reasons"]
              and set(c["reasons"]["shares"]) != {"remote/always"}]
     by_family: dict[str, list[int]] = {}
+    by_machine: dict[str, list[int]] = {}
+    for r in runs:
+        tally = by_machine.setdefault(r["machine"], [0, 0])
+        tally[0] += sum(c["within"] for c in r["cells"])
+        tally[1] += len(r["cells"])
     for c in cells:
         family = "colocated" if c["system"].startswith("colocated") else c["system"]
         tally = by_family.setdefault(family, [0, 0])
@@ -188,6 +205,7 @@ def score(runs: list[dict]) -> dict:
             "within_share": round(sum(c["within"] for c in cells) / len(cells), 3) if cells else None,
             "within_max_gap": sum(c.get("within_max_gap", False) for c in cells),
             "within_by_system": {k: f"{v[0]}/{v[1]}" for k, v in sorted(by_family.items())},
+            "within_by_machine": {k: f"{v[0]}/{v[1]}" for k, v in sorted(by_machine.items())},
             "runs_ranked": len(ranked), "ranking_reproduced": sum(r["ranking"]["same_order"] for r in ranked),
             "winner_reproduced": sum(r["ranking"]["same_winner"] for r in ranked),
             "reason_mix_cells": len(mixes), "reason_mix_within": sum(m["within_10_points"] for m in mixes),

@@ -94,3 +94,14 @@ def test_an_engine_in_a_cluster_logs_its_steps_only_when_asked(tmp_path, monkeyp
     logger.record(None, None)
     lines = (tmp_path / "interactive-prefill-w1.jsonl").read_text().splitlines()
     assert len(lines) == 1 and json.loads(lines[0])["ctx_tokens"] == 256
+
+
+def test_the_score_is_also_given_per_host_class():
+    from loadtest.sim.validate import machine_class, score
+    assert machine_class({"avx512_bf16": True, "amx_bf16": True, "gpu": False}) == "AMX"
+    assert machine_class({"avx512_bf16": True, "amx_bf16": False, "gpu": False}) == "AVX-512 BF16"
+    assert machine_class({"avx512_bf16": False, "amx_bf16": False, "gpu": False}) == "AVX2"
+    cell = lambda within: {"system": "colocated-mbt256", "within": within, "within_max_gap": within}
+    runs = [{"machine": "AVX2", "cells": [cell(True), cell(False)], "ranking": {"systems": 1}},
+            {"machine": "AMX", "cells": [cell(True)], "ranking": {"systems": 1}}]
+    assert score(runs)["within_by_machine"] == {"AMX": "1/1", "AVX2": "1/2"}

@@ -19,7 +19,6 @@ import argparse
 import json
 from pathlib import Path
 
-from cluster.config import ClusterConfig
 from loadtest.bench.workload import Mix
 from loadtest.sim import LABEL
 from loadtest.sim.control_plane import from_benchmark
@@ -27,7 +26,7 @@ from loadtest.sim.engine import EngineParams
 from loadtest.sim.network import LinkSpec
 from loadtest.sim.pools import Hardware, engine_params
 from loadtest.sim.plan_control import ACTS_THROUGH, line, need
-from loadtest.sim.plan_inputs import (GPU_BLOCK_SIZE, load, max_output, objectives, rates, step_choice, workload,
+from loadtest.sim.plan_inputs import (GPU_BLOCK_SIZE, cluster_config, load, max_output, objectives, rates, step_choice, workload,
                                       describe as describe_workload)
 from loadtest.sim.plan_sizing import drain_s
 from loadtest.sim.plan_step import describe
@@ -48,7 +47,7 @@ def run(args: argparse.Namespace) -> dict:
     xs = rates(args, wl, "1,2,4,8")
     if xs is None:
         raise SystemExit("--rates auto places the loads around a GPU budget's capacity: it needs --gpus")
-    cfg = ClusterConfig.load(args.config)
+    cfg = cluster_config(args)
     tier_name, tier = next(iter(cfg.tiers.items()))
     shape = MODELS[args.model]
     choice = step_choice(args)

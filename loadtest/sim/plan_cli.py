@@ -12,6 +12,8 @@ STEP_TIMES = ("auto", "table", "roofline")  # plan_step.CHOICES, repeated so --h
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", type=Path, required=True, help="cluster YAML (its first tier: pools, SLO, routing)")
+    p.add_argument("--slo", help="the tier's objectives instead of the config's, seconds: ttft=1.5,itl=0.04[,max_gap=0.08] "
+                                 "(the decider's budgets and the goodput judgement read them)")
     p.add_argument("--gpus", help="a GPU budget, COUNTxGPU (e.g. 16xH200): sweep the P:D splits of COUNT/TP engines "
                                   "and colocated, and recommend the one with the best simulated goodput")
     p.add_argument("--accelerator", choices=sorted(ACCELERATORS), help="the GPU (default H200; with --gpus, its GPU)")

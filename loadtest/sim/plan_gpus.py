@@ -25,7 +25,7 @@ from loadtest.sim.control_plane import from_benchmark
 from loadtest.sim.engine import EngineParams
 from loadtest.sim.network import LinkSpec
 from loadtest.sim.plan_control import ACTS_THROUGH, best_run, line, need
-from loadtest.sim.plan_inputs import (GPU_BLOCK_SIZE, kinds, load, max_output, objectives, rates, step_choice, workload,
+from loadtest.sim.plan_inputs import (GPU_BLOCK_SIZE, cluster_config, kinds, load, max_output, objectives, rates, step_choice, workload,
                                       describe as describe_workload)
 from loadtest.sim.plan_sizing import (GpuBudget, Split, auto_rates, capacity_rps, drain_s, fit_duration, recommend,
                                       score, splits)
@@ -76,7 +76,7 @@ def sized_config(cfg: ClusterConfig, tier_name: str, split: Split, mode: str, kv
 def run_sized(args: argparse.Namespace) -> dict:
     started = time.monotonic()
     budget = GpuBudget.parse(args.gpus)
-    cfg = ClusterConfig.load(args.config)
+    cfg = cluster_config(args)
     tier_name, tier = next(iter(cfg.tiers.items()))
     choice = step_choice(args)
     step = choice.model

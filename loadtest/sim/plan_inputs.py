@@ -8,6 +8,7 @@ import argparse
 from pathlib import Path
 from typing import Optional, Union
 
+from cluster.config import ClusterConfig, ConfigError
 from loadtest.bench.workload import Mix, RequestKind, poisson_schedule
 from loadtest.measure.slo import Objective
 from loadtest.sim.plan_step import StepChoice, choose_step_time
@@ -16,6 +17,35 @@ from loadtest.sim.workload_trace import Load, TraceError, WorkloadTrace, read_tr
 Workload = Union[Mix, WorkloadTrace]
 
 GPU_BLOCK_SIZE = 16  # vLLM's default block size on CUDA
+SLO_KEYS = {"ttft": "ttft_s", "itl": "itl_s", "max_gap": "max_gap_s"}  # --slo key -> the tier's slo field
+
+
+def cluster_config(args: argparse.Namespace) -> ClusterConfig:
+    """The config, its first tier's objectives replaced by --slo where given: in the config, so the
+    decider's budgets, admission and the goodput judgement all read the same ones."""
+    try:
+        cfg = ClusterConfig.load_checked(args.config)
+        if args.slo:
+            tier = next(iter(cfg.tiers))
+            cfg = ClusterConfig.load_checked(args.config, {"tiers": {tier: {"slo": parse_slo(args.slo)}}})
+    except ConfigError as exc:
+        raise SystemExit(str(exc)) from None
+    return cfg
+
+
+def parse_slo(text: str) -> dict[str, float]:
+    """`ttft=1.5,itl=0.04[,max_gap=0.08]` (seconds) -> the tier's slo fields; SLOConfig checks the values."""
+    out = {}
+    for part in text.split(","):
+        key, _, value = part.partition("=")
+        if key.strip() not in SLO_KEYS:
+            raise SystemExit(f"--slo: unknown objective {key.strip()!r}; use {', '.join(SLO_KEYS)} (seconds), "
+                             "e.g. --slo ttft=1.5,itl=0.04")
+        try:
+            out[SLO_KEYS[key.strip()]] = float(value)
+        except ValueError:
+            raise SystemExit(f"--slo: {key.strip()} wants seconds, got {value.strip()!r}") from None
+    return out
 
 
 def _kind(name: str, spec: str) -> RequestKind:

@@ -65,3 +65,17 @@ def test_unvalidated_tables_say_so():
     bf16 = table_validation("H200", "llama-3.1-70b", "bfloat16")
     assert bf16["validated"] is False and bf16["summary"].startswith("unvalidated for bfloat16")
     assert table_validation("H200", "llama-3.1-70b", "fp8")["validated"] is True
+
+
+def test_slo_replaces_the_tiers_objectives_and_bad_ones_say_what_to_write(tmp_path):
+    rc = main(["plan", "--config", str(EXAMPLE), "--step-time", "roofline", *SMALL, "--slo", "ttft=2.5,itl=0.05",
+               "--out", str(tmp_path)])
+    assert rc == 0
+    objectives = json.loads((tmp_path / "plan.json").read_text())["objectives"]
+    assert objectives == {"ttft_ms": 2500.0, "mean_itl_ms": 50.0, "max_gap_ms": 100.0}  # max_gap: twice itl
+    with pytest.raises(SystemExit, match="unknown objective 'tpot'; use ttft, itl, max_gap"):
+        main(["plan", "--config", str(EXAMPLE), *SMALL, "--slo", "tpot=0.05", "--out", str(tmp_path)])
+    with pytest.raises(SystemExit, match="itl wants seconds, got 'fast'"):
+        main(["plan", "--config", str(EXAMPLE), *SMALL, "--slo", "itl=fast", "--out", str(tmp_path)])
+    with pytest.raises(SystemExit, match="max_gap_s .* is below slo.itl_s"):  # SLOConfig's own check, one message
+        main(["plan", "--config", str(EXAMPLE), *SMALL, "--slo", "itl=0.05,max_gap=0.01", "--out", str(tmp_path)])

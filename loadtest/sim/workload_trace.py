@@ -38,6 +38,9 @@ from loadtest.bench.workload import ScheduledRequest
 KIND = "trace"  # the records' workload name (loadtest/measure/record.py), one for every request
 VOCAB = (1000, 40000)  # poisson_schedule's token-id range
 FIELDS = {"at_s", "prompt_tokens", "output_tokens", "prefix_group", "prefix_tokens"}
+# Llama-3.1's context (the models the step tables cover): a longer request no engine would take,
+# and the bound keeps a typo (a million-token prompt) from filling memory with token ids.
+MAX_REQUEST_TOKENS = 131_072
 
 
 class TraceError(ValueError):
@@ -137,6 +140,9 @@ def parse_line(text: str, where: str, after_s: float) -> TraceRequest:
         raise TraceError(f"{where}: at_s {at} is before the previous request's {after_s}: the trace must be in "
                          "arrival order")
     prompt, output = _count(line, "prompt_tokens", where, 1), _count(line, "output_tokens", where, 1)
+    if prompt + output > MAX_REQUEST_TOKENS:
+        raise TraceError(f"{where}: prompt_tokens + output_tokens is {prompt + output}, past the {MAX_REQUEST_TOKENS} "
+                         "tokens of Llama-3.1's context")
     if ("prefix_group" in line) != ("prefix_tokens" in line):
         raise TraceError(f"{where}: prefix_group and prefix_tokens go together (both or neither)")
     if "prefix_group" not in line:

@@ -78,6 +78,7 @@ def test_a_trace_round_trips_into_the_simulators_schedule(tmp_path):
      "non-empty string"),
     ('{"at_s": 0.2, "prompt_tokens": 10, "output_tokens": 5, "prefix_group": "a", "prefix_tokens": 11}',
      "exceeds prompt_tokens 10"),
+    ('{"at_s": 0.2, "prompt_tokens": 1000000, "output_tokens": 5}', "past the 131072 tokens"),
 ])
 def test_a_bad_line_is_named_with_its_file_and_line(tmp_path, bad, message):
     path = _write(tmp_path / "bad.jsonl", ['{"at_s": 0.1, "prompt_tokens": 10, "output_tokens": 5}', bad])

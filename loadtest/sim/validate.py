@@ -128,7 +128,7 @@ def machine_class(machine: dict) -> str:
     return "AVX-512 BF16" if machine.get("avx512_bf16") else "AVX2"
 
 
-def _within(sim: float, measured: float) -> bool:
+def within(sim: float, measured: float) -> bool:
     return abs(sim - measured) <= max(0.15, 0.2 * measured)
 
 
@@ -137,9 +137,9 @@ def _cell(name: str, measured: dict, sim: dict, reasons: dict[str, int]) -> dict
            "measured": {"goodput_rps": measured["goodput_rps"], "goodput_rps_max_gap": measured.get("goodput_rps_max_gap")},
            "simulated": {"goodput_rps": sim["goodput_rps"], "goodput_rps_max_gap": sim["goodput_rps_max_gap"],
                          "ttft_p50_ms": sim["ttft"].get("p50_ms"), "mean_itl_p50_ms": sim["mean_itl"].get("p50_ms")}}
-    out["within"] = _within(sim["goodput_rps"], measured["goodput_rps"])
+    out["within"] = within(sim["goodput_rps"], measured["goodput_rps"])
     if measured.get("goodput_rps_max_gap") is not None:
-        out["within_max_gap"] = _within(sim["goodput_rps_max_gap"], measured["goodput_rps_max_gap"])
+        out["within_max_gap"] = within(sim["goodput_rps_max_gap"], measured["goodput_rps_max_gap"])
     recorded = {k: v for k, v in (measured.get("pd_decisions") or {}).items() if not k.startswith("route:")}
     if recorded and reasons:
         out["reasons"] = _reason_mix(recorded, reasons)

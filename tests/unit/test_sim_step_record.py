@@ -105,3 +105,24 @@ def test_the_score_is_also_given_per_host_class():
     runs = [{"machine": "AVX2", "cells": [cell(True), cell(False)], "ranking": {"systems": 1}},
             {"machine": "AMX", "cells": [cell(True)], "ranking": {"systems": 1}}]
     assert score(runs)["within_by_machine"] == {"AMX": "1/1", "AVX2": "1/2"}
+
+
+def test_measured_repeats_pair_only_the_same_cell(tmp_path):
+    from loadtest.sim.repeats import repeats
+    from loadtest.sim.validate import machine_class, within
+
+    def run(goodputs, mbt=256, seed=0, command="goodput --engine-niceness 0"):
+        return {"command": command, "dtype": "float32", "machine": {"avx512_bf16": False, "amx_bf16": False},
+                "engines": {"max_num_seqs": 32, "kv_cache_mib_per_core": 256},
+                "workload": {"kinds": {"prefill-heavy": [512, 8]}, "mix": "both", "prefill_share": 0.7,
+                             "duration_s": 40.0, "drain_timeout_s": 20.0, "seed": seed},
+                "systems": {"tandem-adaptive": {"max_num_batched_tokens": mbt, "rates": [
+                    {"rate_rps": r, "goodput_rps": g} for r, g in goodputs.items()]}}}
+    runs = {tmp_path / "a.json": run({0.5: 0.575, 0.75: 0.525}), tmp_path / "b.json": run({0.5: 0.3, 0.75: 0.4}),
+            tmp_path / "c.json": run({0.5: 0.3}, mbt=2048), tmp_path / "d.json": run({0.5: 0.3}, seed=1),
+            tmp_path / "e.json": run({0.5: 0.3}, command="goodput")}  # another niceness: another cell
+    out = repeats(runs, machine_class, within, tmp_path)
+    assert [(p["rate_rps"], p["runs"], p["within"]) for p in out["list"]] == [
+        (0.5, ["a.json", "b.json"], False),  # 0.3 is more than max(0.15, 20%) from 0.575
+        (0.75, ["a.json", "b.json"], True)]
+    assert (out["pairs"], out["within"]) == (2, 1)

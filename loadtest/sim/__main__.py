@@ -22,6 +22,9 @@ def main(argv: list[str] | None = None) -> int:
     v = sub.add_parser("validate", help="replay loadtest/bench/results/**/goodput.json runs in the simulator")
     v.add_argument("--out", type=Path, default=DEFAULT_OUT)
     v.add_argument("--runs", nargs="*", type=Path, help="result files (default: every run with a calibration)")
+    v.add_argument("--speed", choices=("calibration", "warm-up"), default="calibration",
+                   help="the prefill speed replayed: the run's calibration (issue 32's rule), or, a diagnostic, its "
+                        "own tandem engines' unloaded steps where it has a step log (--step-log)")
     g = sub.add_parser("validate-gpu", help="the GPU engine model against AIConfigurator's measured vLLM samples")
     g.add_argument("--out", type=Path, default=DEFAULT_OUT.with_name("validation-gpu.json"))
     g.add_argument("--max-osl", type=int, help="only rows with at most this many output tokens (quick runs)")
@@ -43,12 +46,13 @@ def main(argv: list[str] | None = None) -> int:
     runs = []
     for path in paths:
         print(f"[sim] replaying {path.relative_to(RESULTS)}", file=sys.stderr, flush=True)
-        runs.append(replay_run(path))
+        runs.append(replay_run(path, speed=args.speed))
     from loadtest.sim.repeats import repeats
     from loadtest.sim.validate import machine_class, within
 
     measured_again = repeats({p: json.loads(p.read_text()) for p in paths}, machine_class, within, RESULTS)
     out = {"label": LABEL, "what": "the simulator's replay of recorded CPU goodput runs, against their measurements",
+           "prefill_speed": args.speed,
            "python": platform.python_version(), "score": {**score(runs), "measured_repeats": measured_again},
            "runs": runs}
     args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -87,3 +87,17 @@ def check_cell(entry: dict, rate: dict, simulated_engines: dict[str, dict]) -> d
     return {"measured": {"full_chunk_ms_mean": measured["prefill_chunk_ms_mean"], "unloaded_full_chunk_ms_mean": unloaded,
                          "busy_share": measured["prefill_busy_share"]},
             "simulated": {"full_chunk_ms_mean": sim.get("full_chunk_ms_mean"), "busy_share": sim.get("busy_share")}}
+
+
+def warm_up_prompt_ms(run: dict, prompt_tokens: int, budget: int) -> Optional[float]:
+    """One prompt's compute on tandem's own prefill engine, unloaded: the mean full-chunk step of
+    every tandem system's warm-up times the chunks the prompt takes. None without a step log.
+    For `validate --speed warm-up`, a diagnostic: the engines' own unloaded speed in place of the
+    one-core calibration engine's TTFT (whose noise, +-15-25% against these minutes later on the
+    AVX2 host of 2026-12-07, the replay's misses there follow)."""
+    chunk = min(budget, prompt_tokens)
+    steps = [ms for entry in run["systems"].values() if entry.get("warm_up_steps")
+             for ms in prefill_steps(_engine(entry["warm_up_steps"], "prefill"), chunk)]
+    if not steps:
+        return None
+    return sum(steps) / len(steps) * -(-prompt_tokens // chunk)

@@ -107,22 +107,39 @@ def test_the_score_is_also_given_per_host_class():
     assert score(runs)["within_by_machine"] == {"AMX": "1/1", "AVX2": "1/2"}
 
 
-def test_measured_repeats_pair_only_the_same_cell(tmp_path):
+def test_measured_repeats_pair_only_the_same_cell_judged_under_both_objectives(tmp_path):
     from loadtest.sim.repeats import repeats
     from loadtest.sim.validate import machine_class, within
 
-    def run(goodputs, mbt=256, seed=0, command="goodput --engine-niceness 0"):
+    def run(cells, mbt=256, seed=0, command="goodput --engine-niceness 0", ttft_ms=10_000.0):
+        """cells: rate -> TTFTs (ms) of 40 s of requests, each with a 100-ms mean ITL."""
         return {"command": command, "dtype": "float32", "machine": {"avx512_bf16": False, "amx_bf16": False},
+                "calibration": {"objectives": {"ttft_ms": ttft_ms, "mean_itl_ms": 150.0}},
                 "engines": {"max_num_seqs": 32, "kv_cache_mib_per_core": 256},
                 "workload": {"kinds": {"prefill-heavy": [512, 8]}, "mix": "both", "prefill_share": 0.7,
                              "duration_s": 40.0, "drain_timeout_s": 20.0, "seed": seed},
                 "systems": {"tandem-adaptive": {"max_num_batched_tokens": mbt, "rates": [
-                    {"rate_rps": r, "goodput_rps": g} for r, g in goodputs.items()]}}}
-    runs = {tmp_path / "a.json": run({0.5: 0.575, 0.75: 0.525}), tmp_path / "b.json": run({0.5: 0.3, 0.75: 0.4}),
-            tmp_path / "c.json": run({0.5: 0.3}, mbt=2048), tmp_path / "d.json": run({0.5: 0.3}, seed=1),
-            tmp_path / "e.json": run({0.5: 0.3}, command="goodput")}  # another niceness: another cell
+                    {"rate_rps": r, "records": [{"ttft_ms": t, "mean_itl_ms": 100.0} for t in ttfts]}
+                    for r, ttfts in cells.items()]}}}
+    fast, slow = [1_000.0] * 20, [9_000.0] * 20  # 0.5 req/s of goodput under a 10-s TTFT, none under 8 s
+    runs = {tmp_path / "a.json": run({0.5: fast, 0.75: slow}), tmp_path / "b.json": run({0.5: fast, 0.75: slow}, ttft_ms=8_000.0),
+            tmp_path / "c.json": run({0.5: fast}, mbt=2048), tmp_path / "d.json": run({0.5: fast}, seed=1),
+            tmp_path / "e.json": run({0.5: fast}, command="goodput")}  # another niceness: another cell
     out = repeats(runs, machine_class, within, tmp_path)
     assert [(p["rate_rps"], p["runs"], p["within"]) for p in out["list"]] == [
-        (0.5, ["a.json", "b.json"], False),  # 0.3 is more than max(0.15, 20%) from 0.575
-        (0.75, ["a.json", "b.json"], True)]
-    assert (out["pairs"], out["within"]) == (2, 1)
+        (0.5, ["a.json", "b.json"], True),
+        (0.75, ["a.json", "b.json"], True)]  # the same requests: b's lower TTFT objective fails both alike
+    assert out["list"][1]["goodput_rps"] == {"under a's objectives": [0.5, 0.5], "under b's objectives": [0.0, 0.0]}
+    assert (out["pairs"], out["within"]) == (2, 2)
+
+
+def test_warm_up_prompt_is_the_prefill_engines_own_unloaded_chunks():
+    from loadtest.sim.step_record import warm_up_prompt_ms
+    cols = ["t_s", "ctx_tokens", "gen_reqs", "ms", "waiting"]
+    warm = {"columns": cols, "span_s": 5.0, "per_core": [], "engines": {
+        "interactive-prefill-r1": [[0.1, 256, 0, 1000.0, 0], [1.2, 256, 0, 1200.0, 0], [2.5, 8, 0, 300.0, 0]],
+        "interactive-decode-r2": [[0.2, 256, 0, 9999.0, 0], [0.3, 0, 1, 70.0, 0]]}}  # the decode engine's: not counted
+    run = {"systems": {"tandem-adaptive": {"warm_up_steps": warm}, "colocated-mbt256": {"rates": []}}}
+    assert warm_up_prompt_ms(run, 512, 256) == 2200.0  # two chunks of 256 at their mean, 1100 ms
+    assert warm_up_prompt_ms(run, 512, 2048) is None  # no 512-token step recorded
+    assert warm_up_prompt_ms({"systems": {"colocated-mbt256": {"rates": []}}}, 512, 256) is None  # no step log

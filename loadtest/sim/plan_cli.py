@@ -33,7 +33,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--workload", default="mix",
                    help="mix (the default): the seeded Poisson mix of --long/--short/--prefill-share, as the goodput "
                         "benchmark offers it; else a trace file, JSON Lines, one request a line in arrival order: "
-                        '{"at_s": 0.1, "prompt_tokens": 2048, "output_tokens": 64} plus, both or neither, '
+                        '{"arrival_s": 0.1, "prompt_tokens": 2048, "output_tokens": 64} plus, both or neither, '
                         '"prefix_group": "chat", "prefix_tokens": 512 (a prefix shared by the group\'s requests). '
                         "With a trace, the trace is the load: --rates are replay speeds, --duration does not apply "
                         "(format: loadtest/sim/workload_trace.py)")

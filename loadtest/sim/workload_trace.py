@@ -1,12 +1,14 @@
 """`tandem plan --workload TRACE`: a request trace replayed as the offered load, instead of the
 seeded Poisson mix. The trace is input; every run on it is still SIMULATED.
 
-The format: JSON Lines, one request per line, in arrival order (blank lines are skipped):
+The format: JSON Lines, one request per line, in arrival order (blank lines are skipped). Its
+three required fields are those of the load tests' trace (loadtest/workloads.py `parse_trace`,
+`python -m loadtest`), so one file drives both; the prefix fields are the simulator's own:
 
-    {"at_s": 0.00, "prompt_tokens": 2048, "output_tokens": 64}
-    {"at_s": 0.13, "prompt_tokens": 900, "output_tokens": 200, "prefix_group": "chat", "prefix_tokens": 512}
+    {"arrival_s": 0.00, "prompt_tokens": 2048, "output_tokens": 64}
+    {"arrival_s": 0.13, "prompt_tokens": 900, "output_tokens": 200, "prefix_group": "chat", "prefix_tokens": 512}
 
-- `at_s`: the arrival, seconds from the trace's start (>= 0, never going back in time);
+- `arrival_s`: the arrival, seconds from the trace's start (>= 0, never going back in time);
 - `prompt_tokens`, `output_tokens`: >= 1; the output length is exact, as the goodput benchmark
   asks for it (ignore_eos with a fixed max_tokens);
 - `prefix_group` + `prefix_tokens`, both or neither: the prompt's first `prefix_tokens` tokens
@@ -37,7 +39,7 @@ from loadtest.bench.workload import ScheduledRequest
 
 KIND = "trace"  # the records' workload name (loadtest/measure/record.py), one for every request
 VOCAB = (1000, 40000)  # poisson_schedule's token-id range
-FIELDS = {"at_s", "prompt_tokens", "output_tokens", "prefix_group", "prefix_tokens"}
+FIELDS = {"arrival_s", "prompt_tokens", "output_tokens", "prefix_group", "prefix_tokens"}
 # Llama-3.1's context (the models the step tables cover): a longer request no engine would take,
 # and the bound keeps a typo (a million-token prompt) from filling memory with token ids.
 MAX_REQUEST_TOKENS = 131_072
@@ -49,7 +51,7 @@ class TraceError(ValueError):
 
 @dataclass(frozen=True)
 class TraceRequest:
-    at_s: float
+    arrival_s: float
     prompt_tokens: int
     output_tokens: int
     prefix_group: Optional[str] = None
@@ -73,7 +75,7 @@ class WorkloadTrace:
 
     @property
     def span_s(self) -> float:
-        return self.requests[-1].at_s
+        return self.requests[-1].arrival_s
 
     @property
     def rate_rps(self) -> float:
@@ -93,7 +95,7 @@ class WorkloadTrace:
         for i, r in enumerate(self.requests):
             head = shared.get(r.prefix_group, ())[:r.prefix_tokens]  # no group (None) or a 0-token prefix: ()
             own = tuple(rng.randrange(*VOCAB) for _ in range(r.prompt_tokens - len(head)))
-            schedule.append(ScheduledRequest(i, r.at_s / speed, KIND, head + own, r.output_tokens))
+            schedule.append(ScheduledRequest(i, r.arrival_s / speed, KIND, head + own, r.output_tokens))
         window = self.span_s / speed
         return Load(round(len(schedule) / window, 3), window, schedule, speed)
 
@@ -128,16 +130,16 @@ def parse_line(text: str, where: str, after_s: float) -> TraceRequest:
     if not isinstance(line, dict):
         raise TraceError(f"{where}: a request is a JSON object, got {type(line).__name__}")
     unknown = sorted(set(line) - FIELDS)
-    missing = sorted({"at_s", "prompt_tokens", "output_tokens"} - set(line))
+    missing = sorted({"arrival_s", "prompt_tokens", "output_tokens"} - set(line))
     if unknown or missing:
         raise TraceError(f"{where}: " + "; ".join(
             ([f"unknown field(s) {', '.join(unknown)}"] if unknown else []) +
             ([f"missing {', '.join(missing)}"] if missing else [])) + f" (fields: {', '.join(sorted(FIELDS))})")
-    at = line["at_s"]
+    at = line["arrival_s"]
     if isinstance(at, bool) or not isinstance(at, (int, float)) or not math.isfinite(at) or at < 0:
-        raise TraceError(f"{where}: at_s must be a finite number of seconds >= 0, got {at!r}")
+        raise TraceError(f"{where}: arrival_s must be a finite number of seconds >= 0, got {at!r}")
     if at < after_s:
-        raise TraceError(f"{where}: at_s {at} is before the previous request's {after_s}: the trace must be in "
+        raise TraceError(f"{where}: arrival_s {at} is before the previous request's {after_s}: the trace must be in "
                          "arrival order")
     prompt, output = _count(line, "prompt_tokens", where, 1), _count(line, "output_tokens", where, 1)
     if prompt + output > MAX_REQUEST_TOKENS:
@@ -187,10 +189,10 @@ def read_trace(path: Path) -> WorkloadTrace:
     requests: list[TraceRequest] = []
     for n, line in enumerate(text.splitlines(), start=1):
         if line.strip():
-            requests.append(parse_line(line, f"{path}:{n}", requests[-1].at_s if requests else 0.0))
+            requests.append(parse_line(line, f"{path}:{n}", requests[-1].arrival_s if requests else 0.0))
     if not requests:
         raise TraceError(f"{path}: no requests (one JSON object a line)")
-    if requests[-1].at_s <= 0:
+    if requests[-1].arrival_s <= 0:
         raise TraceError(f"{path}: every arrival is at 0 s: goodput is per second of arrivals, so a trace must "
                          "span some time")
     return WorkloadTrace(str(path), tuple(requests))

@@ -18,11 +18,11 @@ EXAMPLE = ROOT / "loadtest" / "sim" / "configs" / "gpu-example.yaml"
 GOODPUT = ROOT / "loadtest" / "bench" / "results" / "prefill_steps" / "goodput.json"
 
 LINES = [
-    {"at_s": 0.0, "prompt_tokens": 300, "output_tokens": 8},
-    {"at_s": 0.1, "prompt_tokens": 200, "output_tokens": 16, "prefix_group": "sys", "prefix_tokens": 128},
-    {"at_s": 0.1, "prompt_tokens": 400, "output_tokens": 4, "prefix_group": "sys", "prefix_tokens": 160},
-    {"at_s": 0.25, "prompt_tokens": 64, "output_tokens": 32},
-    {"at_s": 0.4, "prompt_tokens": 500, "output_tokens": 8, "prefix_group": "other", "prefix_tokens": 0},
+    {"arrival_s": 0.0, "prompt_tokens": 300, "output_tokens": 8},
+    {"arrival_s": 0.1, "prompt_tokens": 200, "output_tokens": 16, "prefix_group": "sys", "prefix_tokens": 128},
+    {"arrival_s": 0.1, "prompt_tokens": 400, "output_tokens": 4, "prefix_group": "sys", "prefix_tokens": 160},
+    {"arrival_s": 0.25, "prompt_tokens": 64, "output_tokens": 32},
+    {"arrival_s": 0.4, "prompt_tokens": 500, "output_tokens": 8, "prefix_group": "other", "prefix_tokens": 0},
 ]
 
 
@@ -33,7 +33,7 @@ def _write(path: Path, lines) -> Path:
 
 def _trace(tmp_path: Path, n: int = 24) -> Path:
     """n light requests over ~1 s, a third sharing a 256-token prefix."""
-    lines = [{"at_s": round(0.05 * i, 3), "prompt_tokens": 512 if i % 2 else 256, "output_tokens": 16 + 8 * (i % 3),
+    lines = [{"arrival_s": round(0.05 * i, 3), "prompt_tokens": 512 if i % 2 else 256, "output_tokens": 16 + 8 * (i % 3),
               **({"prefix_group": "sys", "prefix_tokens": 256} if i % 3 == 0 else {})} for i in range(n)]
     return _write(tmp_path / "trace.jsonl", lines)
 
@@ -48,7 +48,7 @@ def test_a_trace_round_trips_into_the_simulators_schedule(tmp_path):
     one = trace.load(1.0, seed=0)
     assert one.duration_s == 0.4 and one.rate_rps == 12.5 and one.speed == 1.0
     assert [(r.index, r.at_s, len(r.prompt), r.max_tokens, r.kind) for r in one.schedule] == \
-        [(i, x.at_s, x.prompt_tokens, x.output_tokens, KIND) for i, x in enumerate(trace.requests)]
+        [(i, x.arrival_s, x.prompt_tokens, x.output_tokens, KIND) for i, x in enumerate(trace.requests)]
     # The group's requests share its prefix (a longer one extends a shorter), and nothing else.
     a, b = one.schedule[1].prompt, one.schedule[2].prompt
     assert a[:128] == b[:128] and a[128:] != b[128:160]
@@ -65,33 +65,33 @@ def test_a_trace_round_trips_into_the_simulators_schedule(tmp_path):
 @pytest.mark.parametrize("bad,message", [
     ("{not json", "not JSON"),
     ("[1, 2]", "a request is a JSON object"),
-    ('{"at_s": 0.2, "prompt_tokens": 10}', "missing output_tokens"),
-    ('{"at_s": 0.2, "prompt_tokens": 10, "output_tokens": 5, "arrival": 1}', "unknown field(s) arrival"),
-    ('{"at_s": -1, "prompt_tokens": 10, "output_tokens": 5}', "at_s must be a finite number"),
-    ('{"at_s": "soon", "prompt_tokens": 10, "output_tokens": 5}', "at_s must be a finite number"),
-    ('{"at_s": 0.05, "prompt_tokens": 10, "output_tokens": 5}', "before the previous request's 0.1"),
-    ('{"at_s": 0.2, "prompt_tokens": 0, "output_tokens": 5}', "prompt_tokens must be an integer >= 1"),
-    ('{"at_s": 0.2, "prompt_tokens": 10, "output_tokens": 2.5}', "output_tokens must be an integer >= 1"),
-    ('{"at_s": 0.2, "prompt_tokens": 10, "output_tokens": true}', "output_tokens must be an integer >= 1"),
-    ('{"at_s": 0.2, "prompt_tokens": 10, "output_tokens": 5, "prefix_group": "a"}', "go together"),
-    ('{"at_s": 0.2, "prompt_tokens": 10, "output_tokens": 5, "prefix_group": "", "prefix_tokens": 1}',
+    ('{"arrival_s": 0.2, "prompt_tokens": 10}', "missing output_tokens"),
+    ('{"arrival_s": 0.2, "prompt_tokens": 10, "output_tokens": 5, "arrival": 1}', "unknown field(s) arrival"),
+    ('{"arrival_s": -1, "prompt_tokens": 10, "output_tokens": 5}', "arrival_s must be a finite number"),
+    ('{"arrival_s": "soon", "prompt_tokens": 10, "output_tokens": 5}', "arrival_s must be a finite number"),
+    ('{"arrival_s": 0.05, "prompt_tokens": 10, "output_tokens": 5}', "before the previous request's 0.1"),
+    ('{"arrival_s": 0.2, "prompt_tokens": 0, "output_tokens": 5}', "prompt_tokens must be an integer >= 1"),
+    ('{"arrival_s": 0.2, "prompt_tokens": 10, "output_tokens": 2.5}', "output_tokens must be an integer >= 1"),
+    ('{"arrival_s": 0.2, "prompt_tokens": 10, "output_tokens": true}', "output_tokens must be an integer >= 1"),
+    ('{"arrival_s": 0.2, "prompt_tokens": 10, "output_tokens": 5, "prefix_group": "a"}', "go together"),
+    ('{"arrival_s": 0.2, "prompt_tokens": 10, "output_tokens": 5, "prefix_group": "", "prefix_tokens": 1}',
      "non-empty string"),
-    ('{"at_s": 0.2, "prompt_tokens": 10, "output_tokens": 5, "prefix_group": "a", "prefix_tokens": 11}',
+    ('{"arrival_s": 0.2, "prompt_tokens": 10, "output_tokens": 5, "prefix_group": "a", "prefix_tokens": 11}',
      "exceeds prompt_tokens 10"),
-    ('{"at_s": 0.2, "prompt_tokens": 1000000, "output_tokens": 5}', "past the 131072 tokens"),
+    ('{"arrival_s": 0.2, "prompt_tokens": 1000000, "output_tokens": 5}', "past the 131072 tokens"),
 ])
 def test_a_bad_line_is_named_with_its_file_and_line(tmp_path, bad, message):
-    path = _write(tmp_path / "bad.jsonl", ['{"at_s": 0.1, "prompt_tokens": 10, "output_tokens": 5}', bad])
+    path = _write(tmp_path / "bad.jsonl", ['{"arrival_s": 0.1, "prompt_tokens": 10, "output_tokens": 5}', bad])
     with pytest.raises(TraceError) as err:
         read_trace(path)
     assert str(err.value).startswith(f"{path}:2: ") and message in str(err.value)
 
 
 def test_the_cli_reports_a_bad_trace_in_one_line_not_a_traceback(tmp_path):
-    path = _write(tmp_path / "bad.jsonl", [LINES[0], '{"at_s": 1, "prompt_tokens": -3, "output_tokens": 5}'])
+    path = _write(tmp_path / "bad.jsonl", [LINES[0], '{"arrival_s": 1, "prompt_tokens": -3, "output_tokens": 5}'])
     with pytest.raises(SystemExit, match=r"bad\.jsonl:2: prompt_tokens must be an integer >= 1, got -3"):
         main(["plan", "--config", str(EXAMPLE), "--workload", str(path), "--out", str(tmp_path / "o")])
-    for empty in ([], [{"at_s": 0, "prompt_tokens": 5, "output_tokens": 5}]):
+    for empty in ([], [{"arrival_s": 0, "prompt_tokens": 5, "output_tokens": 5}]):
         with pytest.raises(TraceError, match="no requests|must span some time"):
             read_trace(_write(tmp_path / "empty.jsonl", empty))
     with pytest.raises(SystemExit, match="--duration applies to --workload mix"):
@@ -182,3 +182,13 @@ def test_need_reads_the_busiest_run_and_the_first_load_past_the_cores():
     assert n["at_best"] == {"rate_rps": 2, "bandwidth_gbps": 10, "peak_cores_1s": 3.0, "mean_cores": 2.0,
                             "exceeds_cores": False}
     assert not need(rows, 6.0)["exceeds_cores"] and need(rows, 6.0)["exceeds_from_rate_rps"] is None
+
+
+def test_the_example_trace_is_also_a_load_test_trace():
+    """One trace format: the load tests' reader (loadtest/workloads.py) takes the simulator's file too."""
+    from loadtest.workloads import parse_trace
+    example = Path(__file__).resolve().parents[2] / "loadtest" / "sim" / "configs" / "trace-example.jsonl"
+    sim = read_trace(example)
+    load_test = parse_trace(example.read_text().splitlines(), str(example))
+    assert [(e.arrival_s, e.prompt_tokens, e.output_tokens) for e in load_test] == \
+        [(r.arrival_s - sim.requests[0].arrival_s, r.prompt_tokens, r.output_tokens) for r in sim.requests]

@@ -18,7 +18,19 @@ pairs; an `END` output ends that stream, a `Failed` one raises its error there.
 Lifecycle of a subscription: the gateway calls `subscribe(gateway)` when it first needs this
 replica; it yields batches until the outbox has been idle (no request running, nothing
 buffered) for `idle_close_s`, then ends, so a replica Serve drains is not held by it; the
-gateway opens a new one on its next request. An outbox whose gateway has not subscribed for
+gateway opens a new one on its next request. It also ends after a window of batches, and the
+gateway, which still has requests here, calls again at once (router/pd/channels.py).
+
+Why the window: Serve reads a replica's generator as fast as it yields and queues the items
+towards the caller, so a gateway that falls behind (its event loop saturated) never made the
+outbox wait: every step went out as its own item, the queue grew (measured: 2-10 s behind at
+128 streams x 20 ms on a 2-core VM), and a request joining the channel got its second token
+seconds after its first. A call that ends after a few batches is a credit window with the
+gateway's next call as the acknowledgement: at most that many items wait on the way, and what
+comes meanwhile waits here, merged per request, so a gateway behind gets fewer, fuller items
+(several tokens per stream), as vLLM's output collector merges for a slow reader. A call costs
+both sides a Serve request (~several ms of CPU), so the window adapts (`Window.next`): halved
+while the gateway comes back to outputs piled up, doubled while it keeps up. An outbox whose gateway has not subscribed for
 `orphan_s` while requests run there is orphaned (the gateway died): its requests are
 cancelled and it is dropped (`Outboxes.reap`).
 """
@@ -27,6 +39,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from dataclasses import dataclass
 from typing import Any, AsyncIterator, Callable, Optional, Sequence
 
 class _End:
@@ -54,6 +67,20 @@ class Failed:
 Merge = Callable[[Sequence[Any]], Any]
 
 
+@dataclass(frozen=True)
+class Window:
+    """How many batches one subscription call may carry (see the module docstring)."""
+
+    least: int = 2  # one item in flight while the gateway reads the other
+    most: int = 64  # ~1 s of steps at a GPU's pace: the calls cost nothing then
+    behind: float = 2.0  # outputs waiting per stream when a call begins: the gateway was away for that many steps
+
+    def next(self, current: int, waiting_per_stream: float) -> int:
+        if waiting_per_stream >= self.behind:
+            return max(self.least, current // 2)
+        return min(self.most, current * 2)
+
+
 class WrongReplica(RuntimeError):
     """A subscription that Serve routed to another replica than the one named (it was full or gone)."""
 
@@ -67,6 +94,7 @@ class Outbox:
         self.running: dict[str, asyncio.Task] = {}  # stream id → the task running it here
         self.subscribed = False
         self.last_seen = time.monotonic()  # last time a subscriber was attached, or a request began
+        self.per_call = 0  # the window of the last subscription call (0: none yet)
 
     def start(self, stream_id: str) -> None:
         task = asyncio.current_task()
@@ -99,11 +127,20 @@ class Outbox:
         batch = [(rid, outs[0] if len(outs) == 1 else self._merge(outs)) for rid, outs in outputs.items()]
         return batch + ended
 
-    async def batches(self, idle_close_s: float) -> AsyncIterator[list[tuple[str, Any]]]:
-        """What a subscriber reads: every batch as soon as there is one; ends once idle."""
+    def waiting_per_stream(self) -> float:
+        """Outputs buffered per stream that has any (END and errors not counted)."""
+        streams = {stream_id for stream_id, output in self._buffer if output is not END and not isinstance(output, Failed)}
+        return (sum(1 for _, output in self._buffer if output is not END and not isinstance(output, Failed))
+                / len(streams)) if streams else 0.0
+
+    async def batches(self, idle_close_s: float, window: Window) -> AsyncIterator[list[tuple[str, Any]]]:
+        """What a subscriber reads: every batch as soon as there is one; ends once idle, or
+        after this call's window of batches."""
         self.subscribed = True
+        self.per_call = window.least if not self.per_call else window.next(self.per_call, self.waiting_per_stream())
         try:
-            while True:
+            sent = 0
+            while sent < self.per_call:
                 if not self._buffer:
                     try:
                         await asyncio.wait_for(self._ready.wait(), idle_close_s)
@@ -111,8 +148,8 @@ class Outbox:
                         if not self.running and not self._buffer:
                             return
                         continue
-                if self._buffer:
-                    yield self.take()
+                sent += 1
+                yield self.take()
         finally:
             self.subscribed = False
             self.last_seen = time.monotonic()
@@ -129,9 +166,11 @@ class Outbox:
 class Outboxes:
     """A replica's outboxes, one per gateway that runs requests here."""
 
-    def __init__(self, merge: Merge, *, idle_close_s: float = 2.0, orphan_s: float = 30.0):
+    def __init__(self, merge: Merge, *, idle_close_s: float = 2.0, orphan_s: float = 30.0,
+                 window: Window = Window()):
         self._merge = merge
         self.idle_close_s = idle_close_s
+        self.window = window
         self.orphan_s = orphan_s
         self._boxes: dict[str, Outbox] = {}
 
@@ -146,7 +185,7 @@ class Outboxes:
         if box.subscribed:  # a gateway holds one subscription per replica; a second means the first is dead
             raise RuntimeError(f"gateway {gateway} is subscribed to this replica already")
         try:
-            async for batch in box.batches(self.idle_close_s):
+            async for batch in box.batches(self.idle_close_s, self.window):
                 yield batch
         finally:
             self.reap()

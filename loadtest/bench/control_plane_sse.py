@@ -194,6 +194,9 @@ class Window:
         return self.start <= t < self.end
 
 
+STALL_MS = 500.0  # 25 token gaps at the default 20 ms pace: no engine step takes that long
+
+
 @dataclass
 class Tally:
     """What the window saw, over every stream: tokens and content events that arrived in it,
@@ -205,6 +208,9 @@ class Tally:
     tokens: int = 0
     events: int = 0
     gaps_ms: list[float] = field(default_factory=list)
+    # (the answer's tokens before the gap, the gap): a stream's gaps of STALL_MS or more, kept
+    # apart because a few of them can halve what the streams deliver while p99 looks fine.
+    stalls: list[tuple[int, float]] = field(default_factory=list)
     ttfts_ms: list[float] = field(default_factory=list)
     completed: int = 0
     errors: int = 0
@@ -253,7 +259,10 @@ class RequestState:
             if self.last_event is None:
                 tally.ttfts_ms.append((now - self.t_send) * 1000.0)
             elif self.last_event >= tally.window.start:
-                tally.gaps_ms.append((now - self.last_event) * 1000.0)
+                gap_ms = (now - self.last_event) * 1000.0
+                tally.gaps_ms.append(gap_ms)
+                if gap_ms >= STALL_MS:
+                    tally.stalls.append((total - added, gap_ms))
         self.last_event = now
 
     def finish(self, now: float, status: int, failure: str = "", body: bytes = b"") -> bool:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Mapping, Optional
 
 from loadtest.bench import procs
-from loadtest.bench.control_plane_sse import Tally
+from loadtest.bench.control_plane_sse import STALL_MS, Tally
 from loadtest.measure.percentiles import latency_summary
 
 # This benchmark's kinds: procs.py's, with the engine replicas told apart by pool and Ray's
@@ -65,6 +65,19 @@ def gap_summary(gaps_ms: list[float]) -> dict:
     return out
 
 
+def stall_summary(stalls: list[tuple[int, float]], gaps_ms: list[float]) -> dict:
+    """The gaps of STALL_MS or more: how many, their share of all the streams' waiting (what
+    they cost the delivered rate), and after how many tokens of an answer they came (1: between
+    the first token, from the prefill hop, and the second, from decode)."""
+    waited = sum(gaps_ms)
+    after = sorted(n for n, _ in stalls)
+    return {"threshold_ms": STALL_MS, "count": len(stalls),
+            "time_share": round(sum(g for _, g in stalls) / waited, 3) if waited else None,
+            "after_first_token": sum(1 for n in after if n == 1),
+            "after_tokens_p50": after[len(after) // 2] if after else None,
+            "max_ms": round(max((g for _, g in stalls), default=0.0), 1)}
+
+
 def client_summary(tally: Tally) -> dict:
     """The client's figures of its window (what its RESULT line carries)."""
     window_s = tally.window.end - tally.window.start
@@ -75,6 +88,7 @@ def client_summary(tally: Tally) -> dict:
         "tokens_per_event": round(tally.tokens / tally.events, 3) if tally.events else None,
         "delivered_tok_s": round(tally.tokens / window_s, 1) if window_s > 0 else None,
         "token_gap": gap_summary(tally.gaps_ms),
+        "stalls": stall_summary(tally.stalls, tally.gaps_ms),
         "ttft": latency_summary(tally.ttfts_ms),
         "requests": {"completed": tally.completed, "errors": tally.errors,
                      "completed_outside_window": tally.completed_outside,

@@ -88,7 +88,7 @@ def run(args: argparse.Namespace) -> dict:
                            "validated": {"cpu": "python -m loadtest.sim validate (results/validation.json)",
                                          "step_time": choice.validation["summary"] if choice.validation else
                                          "a roofline bound: not validated"}},
-            "workload": {**describe_workload(args, wl), "rates_rps": sorted({r["rate_rps"] for r in rows}),
+            "workload": {**describe_workload(wl), "rates_rps": sorted({r["rate_rps"] for r in rows}),
                          "duration_s": duration if isinstance(wl, Mix) else round(wl.span_s, 3), "seed": args.seed},
             "objectives": {"ttft_ms": mean.ttft_ms, "mean_itl_ms": mean.mean_itl_ms, "max_gap_ms": every.max_gap_ms},
             "control_plane_need": {system: need([r for r in rows if r["system"] == system], args.control_cores)

@@ -9,6 +9,13 @@ from loadtest.sim.step_time import ACCELERATORS, MODELS
 
 STEP_TIMES = ("auto", "table", "roofline")  # plan_step.CHOICES, repeated so --help stays light
 
+# The mix-only flags default to None in argparse so that one given beside a trace can be told
+# from one left alone (plan_inputs.workload refuses it); these are their values for the mix.
+MIX_LONG = "2048:64"
+MIX_SHORT = "128:512"
+MIX_PREFILL_SHARE = 0.7
+MIX_MAX_REQUESTS = 40_000
+
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", type=Path, required=True, help="cluster YAML (its first tier: pools, SLO, routing)")
@@ -45,11 +52,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-splits", type=int, default=7, help="with --gpus: at most this many P:D splits, evenly spaced")
     p.add_argument("--duration", type=float, help="seconds of offered load of the mix (default 30; with --gpus 10, "
                                                   "shortened to --max-requests)")
-    p.add_argument("--max-requests", type=int, default=40_000,
-                   help="with --gpus, the mix and no --duration: shorten the load so the sweep simulates at most this many "
-                        "requests (~360 per CPU-second on a 2-core VM, drains included), not below max(4 s, 4 TTFT objectives)")
-    p.add_argument("--prefill-share", type=float, default=0.7, help="the mix's share of prefill-heavy requests")
-    p.add_argument("--long", default="2048:64", help="the mix's prefill-heavy prompt:output tokens")
-    p.add_argument("--short", default="128:512", help="the mix's decode-heavy prompt:output tokens")
+    p.add_argument("--max-requests", type=int,
+                   help=f"with --gpus, the mix and no --duration: shorten the load so the sweep simulates at most this "
+                        f"many requests (default {MIX_MAX_REQUESTS:,}; ~360 per CPU-second on a 2-core VM, drains "
+                        "included), not below max(4 s, 4 TTFT objectives); not with a trace")
+    p.add_argument("--prefill-share", type=float,
+                   help=f"the mix's share of prefill-heavy requests (default {MIX_PREFILL_SHARE:g}; not with a trace)")
+    p.add_argument("--long", help=f"the mix's prefill-heavy prompt:output tokens (default {MIX_LONG}; not with a trace)")
+    p.add_argument("--short", help=f"the mix's decode-heavy prompt:output tokens (default {MIX_SHORT}; not with a trace)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", type=Path, default=Path("plan"), help="folder for plan.json and plan.png")

@@ -24,6 +24,7 @@ from loadtest.sim import LABEL
 from loadtest.sim.control_plane import from_benchmark
 from loadtest.sim.engine import EngineParams
 from loadtest.sim.network import LinkSpec
+from loadtest.sim.plan_cli import MIX_MAX_REQUESTS
 from loadtest.sim.plan_control import ACTS_THROUGH, best_run, line, need
 from loadtest.sim.plan_inputs import (GPU_BLOCK_SIZE, cluster_config, kinds, load, max_output, objectives, rates, step_choice, workload,
                                       describe as describe_workload)
@@ -103,9 +104,10 @@ def run_sized(args: argparse.Namespace) -> dict:
     bandwidths = [float(x) for x in args.bandwidths_gbps.split(",")]
     tandem_cost, vllm_cost = from_benchmark("tandem"), from_benchmark("vllm")
     runs_per_load = 1 + len(bandwidths) * (len(candidates) - 1) * len(modes)
+    max_requests = MIX_MAX_REQUESTS if args.max_requests is None else args.max_requests
     if isinstance(wl, Mix):
         duration = args.duration if args.duration is not None else \
-            fit_duration(DEFAULT_DURATION_S, xs, runs_per_load, args.max_requests, max(4.0, 4 * tier.slo.ttft_s))
+            fit_duration(DEFAULT_DURATION_S, xs, runs_per_load, max_requests, max(4.0, 4 * tier.slo.ttft_s))
         requests = round(sum(xs) * duration * runs_per_load)
     else:  # the trace is the load: --max-requests does not shorten it
         duration = wl.span_s
@@ -157,14 +159,14 @@ def run_sized(args: argparse.Namespace) -> dict:
                            "capacity_note": "a rough estimate from the step time, only to place the load grid",
                            "score": "per candidate: best goodput over the offered loads, least over the bandwidths",
                            "wall_s": round(time.monotonic() - started, 1)},
-            "workload": {**describe_workload(args, wl), "rates_rps": sorted({r["rate_rps"] for r in rows}),
+            "workload": {**describe_workload(wl), "rates_rps": sorted({r["rate_rps"] for r in rows}),
                          "duration_s": duration, "seed": args.seed,
                          "drain_s": drain if len(set(drains.values())) == 1 else {f"{r:g}": d for r, d in drains.items()},
                          "simulated_requests": requests,
                          "duration_from": "the trace (its last arrival)" if not isinstance(wl, Mix) else
                          "--duration" if args.duration is not None else
                          f"the default {DEFAULT_DURATION_S:g} s" if duration >= DEFAULT_DURATION_S else
-                         f"the default {DEFAULT_DURATION_S:g} s shortened to fit --max-requests {args.max_requests}"},
+                         f"the default {DEFAULT_DURATION_S:g} s shortened to fit --max-requests {max_requests}"},
             "objectives": {"ttft_ms": mean.ttft_ms, "mean_itl_ms": mean.mean_itl_ms, "max_gap_ms": every.max_gap_ms},
             "control_plane_need": control,
             "rows": rows}

@@ -100,6 +100,38 @@ def test_the_cli_reports_a_bad_trace_in_one_line_not_a_traceback(tmp_path):
         main(["plan", "--config", str(EXAMPLE), "--workload", str(_trace(tmp_path)), "--rates", "auto"])
 
 
+def _args(*argv: str):
+    import argparse
+    from loadtest.sim.plan_cli import add_arguments
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    return parser.parse_args(["--config", str(EXAMPLE), *argv])
+
+
+@pytest.mark.parametrize("flag, value", [("--long", "4096:32"), ("--short", "64:256"), ("--prefill-share", "0.5"),
+                                         ("--max-requests", "100"), ("--duration", "5")])
+def test_a_mix_only_flag_beside_a_trace_is_refused_by_name(tmp_path, flag, value):
+    from loadtest.sim.plan_inputs import workload
+
+    with pytest.raises(SystemExit) as err:
+        workload(_args("--workload", str(_trace(tmp_path)), flag, value))
+    text = str(err.value)
+    assert text.startswith(f"{flag} applies to --workload mix only: with the trace ") and f"drop {flag}," in text
+
+
+def test_the_mix_flags_default_where_the_mix_is_built_and_a_trace_alone_reads_fine(tmp_path):
+    from loadtest.sim.plan_inputs import describe, workload
+
+    assert describe(workload(_args())) == {"mix": {"long": "2048:64", "short": "128:512", "prefill_share": 0.7}}
+    mix = workload(_args("--long", "4096:32", "--prefill-share", "0.25"))
+    assert describe(mix) == {"mix": {"long": "4096:32", "short": "128:512", "prefill_share": 0.25}}
+    assert len(workload(_args("--workload", str(_trace(tmp_path)), "--rates", "2", "--seed", "3")).requests) == 24
+    # A default value passed explicitly is still a flag the trace would drop: refused too, all named at once.
+    with pytest.raises(SystemExit, match="--long, --prefill-share apply to --workload mix only"):
+        workload(_args("--workload", str(_trace(tmp_path)), "--long", "2048:64", "--prefill-share", "0.7"))
+
+
 def test_a_goodput_record_is_refused_with_the_mix_that_replays_it():
     # Its per-request records hold no arrival time and no prompt length: nothing to replay from.
     with pytest.raises(TraceError) as err:

@@ -54,6 +54,10 @@ class SimRequest:
     hashes: list[int]  # the prompt's full-block hashes (cluster/hashing.py)
     max_tokens: int
     hold_blocks: bool = False  # a prefill producer: blocks stay until release()
+    # Whether its sampled tokens reach the client, so the control plane is charged for them. A
+    # prefill producer's token does only when the gateway streams it as the first (reuse);
+    # otherwise the decode engine samples the first token again and that one is streamed.
+    streamed: bool = True
     remote_kv: Optional[Callable[[int], Awaitable[None]]] = None  # pull(uncached tokens), decode role
     tokens: list[float] = field(default_factory=list)
     computed: int = 0
@@ -83,7 +87,7 @@ class SimEngine:
         self.step_model = step_model
         self.pool = pool
         self._slowdown = slowdown
-        self._on_tokens = on_tokens  # the control plane's CPU per streamed token
+        self._on_tokens = on_tokens  # the control plane's CPU per streamed token (SimRequest.streamed)
         self._on_busy = on_busy  # tells the control plane whether this engine's core is free (control_plane.py)
         self._busy = False
         self._boundary = asyncio.Event()  # set when a step ends (next_boundary)
@@ -259,13 +263,13 @@ class SimEngine:
             if shape.decode_seqs == 0 and shape.prefill_tokens == self.params.max_num_batched_tokens:
                 self.full_chunks = (self.full_chunks[0] + 1, self.full_chunks[1] + seconds)
             now = loop.time()
-            sampled = 0
+            streamed = 0
             for r, n in scheduled.items():
                 r.computed += n
                 if r.computed >= r.num_tokens:
                     self._sample(r, now)
-                    sampled += 1
-            self._on_tokens(now, sampled)
+                    streamed += r.streamed
+            self._on_tokens(now, streamed)
 
     def _set_busy(self, busy: bool) -> None:
         if busy != self._busy:

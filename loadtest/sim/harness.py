@@ -110,7 +110,7 @@ class TandemSim:
             return self._delivered(r.tokens)
         reuse = self.reuse and decision.reuse_first_token
         prefill = self.pools.by_replica_id(tier, "prefill", decision.prefill.worker.replica_id if decision.prefill else None)
-        p = SimRequest(rid, len(req.prompt), self._hashes(prefill, req.prompt), 1, hold_blocks=True)
+        p = SimRequest(rid, len(req.prompt), self._hashes(prefill, req.prompt), 1, hold_blocks=True, streamed=reuse)
         with self.router.dispatch(decision.prefill, rid):
             prefill.queued_prompt_tokens += len(req.prompt)
             try:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import time
 from pathlib import Path
 
 from loadtest.bench.workload import Mix
@@ -42,6 +43,11 @@ def run(args: argparse.Namespace) -> dict:
         from loadtest.sim.plan_gpus import run_sized
 
         return run_sized(args)
+    search = [flag for flag, value in (("--search-steps", args.search_steps), ("--attainment", args.attainment))
+              if value is not None]
+    if search:
+        raise SystemExit(f"{', '.join(search)}: the capacity search is --gpus's; without it the plan runs the --rates "
+                         "loads as given: add --gpus COUNTxGPU, or drop " + ", ".join(search))
     wl = workload(args)
     duration = DEFAULT_DURATION_S if args.duration is None else args.duration
     xs = rates(args, wl, "1,2,4,8")
@@ -88,7 +94,7 @@ def run(args: argparse.Namespace) -> dict:
                            "validated": {"cpu": "python -m loadtest.sim validate (results/validation.json)",
                                          "step_time": choice.validation["summary"] if choice.validation else
                                          "a roofline bound: not validated"}},
-            "workload": {**describe_workload(args, wl), "rates_rps": sorted({r["rate_rps"] for r in rows}),
+            "workload": {**describe_workload(wl), "rates_rps": sorted({r["rate_rps"] for r in rows}),
                          "duration_s": duration if isinstance(wl, Mix) else round(wl.span_s, 3), "seed": args.seed},
             "objectives": {"ttft_ms": mean.ttft_ms, "mean_itl_ms": mean.mean_itl_ms, "max_gap_ms": every.max_gap_ms},
             "control_plane_need": {system: need([r for r in rows if r["system"] == system], args.control_cores)
@@ -119,7 +125,10 @@ def plot(result: dict, path: Path) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
+    started = time.monotonic()
     result = run(args)
+    # Not in the JSON: the same inputs and seed give the same bytes.
+    wall_s = time.monotonic() - started
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "plan.json").write_text(json.dumps(result, indent=1, sort_keys=True) + "\n")
     sized = "recommendation" in result
@@ -147,5 +156,6 @@ def main(args: argparse.Namespace) -> int:
               f"colocated {cp['colocated']}):")
         for system, n in result["control_plane_need"].items():
             print(f"  {system:<10} {line(n)}")
+    print(f"simulated in {wall_s:.1f} s")
     print(f"written {args.out / 'plan.json'} and {args.out / 'plan.png'} (marked {LABEL}, with provenance)")
     return 0

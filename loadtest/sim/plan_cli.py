@@ -9,13 +9,23 @@ from loadtest.sim.step_time import ACCELERATORS, MODELS
 
 STEP_TIMES = ("auto", "table", "roofline")  # plan_step.CHOICES, repeated so --help stays light
 
+# The mix-only flags default to None in argparse so that one given beside a trace can be told
+# from one left alone (plan_inputs.workload refuses it); these are their values for the mix.
+MIX_LONG = "2048:64"
+MIX_SHORT = "128:512"
+MIX_PREFILL_SHARE = 0.7
+MIX_MAX_REQUESTS = 40_000
+# The capacity search's flags (with --gpus only; None: not given, refused without --gpus).
+SEARCH_STEPS = 3
+ATTAINMENT = 0.9
+
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", type=Path, required=True, help="cluster YAML (its first tier: pools, SLO, routing)")
     p.add_argument("--slo", help="the tier's objectives instead of the config's, seconds: ttft=1.5,itl=0.04[,max_gap=0.08] "
                                  "(the decider's budgets and the goodput judgement read them)")
     p.add_argument("--gpus", help="a GPU budget, COUNTxGPU (e.g. 16xH200): sweep the P:D splits of COUNT/TP engines "
-                                  "and colocated, and recommend the one with the best simulated goodput")
+                                  "and colocated, search each one's capacity under the SLO, and recommend the highest")
     p.add_argument("--accelerator", choices=sorted(ACCELERATORS), help="the GPU (default H200; with --gpus, its GPU)")
     p.add_argument("--model", choices=sorted(MODELS), default="llama-3.1-8b", help="model shape for the step time and KV bytes")
     p.add_argument("--tp", type=int, default=1, help="tensor-parallel degree of each engine (GPUs per engine)")
@@ -37,19 +47,30 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         '"prefix_group": "chat", "prefix_tokens": 512 (a prefix shared by the group\'s requests). '
                         "With a trace, the trace is the load: --rates are replay speeds, --duration does not apply "
                         "(format: loadtest/sim/workload_trace.py)")
-    p.add_argument("--rates", help="offered loads, req/s of the mix (default 1,2,4,8; with --gpus: auto, shares of an "
-                                   "estimated capacity of the GPUs); with a trace, replay speeds of its own rate "
-                                   "(default 1: as written; 0.5,1,2: every arrival at twice, once, half its time)")
+    p.add_argument("--rates", help="offered loads, req/s of the mix (default 1,2,4,8; with --gpus: the capacity search's "
+                                   "ladder, default auto: 0.4,0.7,1,1.3 x an estimated capacity of the GPUs); with a "
+                                   "trace, replay speeds of its own rate (default 1: as written; 0.5,1,2: every arrival "
+                                   "at twice, once, half its time)")
+    p.add_argument("--search-steps", type=int,
+                   help="with --gpus: bisections after the ladder, per candidate and KV link. Each candidate's capacity "
+                        "(the highest offered load meeting --attainment) takes at most len(ladder) + this many runs and "
+                        "is found within the widest ladder gap (0 to its first load included) / 2**this "
+                        f"(default {SEARCH_STEPS})")
+    p.add_argument("--attainment", type=float,
+                   help="with --gpus: the share of a load's requests within the SLO (TTFT + mean ITL) for that load to "
+                        f"count as served (default {ATTAINMENT:g})")
     p.add_argument("--modes", default="adaptive,always", help="with --gpus: tandem's disaggregation modes run on "
                                                               "every P:D split (colocated is always run)")
     p.add_argument("--max-splits", type=int, default=7, help="with --gpus: at most this many P:D splits, evenly spaced")
     p.add_argument("--duration", type=float, help="seconds of offered load of the mix (default 30; with --gpus 10, "
                                                   "shortened to --max-requests)")
-    p.add_argument("--max-requests", type=int, default=40_000,
-                   help="with --gpus, the mix and no --duration: shorten the load so the sweep simulates at most this many "
-                        "requests (~360 per CPU-second on a 2-core VM, drains included), not below max(4 s, 4 TTFT objectives)")
-    p.add_argument("--prefill-share", type=float, default=0.7, help="the mix's share of prefill-heavy requests")
-    p.add_argument("--long", default="2048:64", help="the mix's prefill-heavy prompt:output tokens")
-    p.add_argument("--short", default="128:512", help="the mix's decode-heavy prompt:output tokens")
+    p.add_argument("--max-requests", type=int,
+                   help=f"with --gpus, the mix and no --duration: shorten the load so the sweep simulates at most this "
+                        f"many requests (default {MIX_MAX_REQUESTS:,}; ~360 per CPU-second on a 2-core VM, drains "
+                        "included), not below max(4 s, 4 TTFT objectives); not with a trace")
+    p.add_argument("--prefill-share", type=float,
+                   help=f"the mix's share of prefill-heavy requests (default {MIX_PREFILL_SHARE:g}; not with a trace)")
+    p.add_argument("--long", help=f"the mix's prefill-heavy prompt:output tokens (default {MIX_LONG}; not with a trace)")
+    p.add_argument("--short", help=f"the mix's decode-heavy prompt:output tokens (default {MIX_SHORT}; not with a trace)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", type=Path, default=Path("plan"), help="folder for plan.json and plan.png")

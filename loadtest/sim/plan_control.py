@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from typing import Optional, Sequence
 
+from loadtest.sim.plan_search import capacity
+
 ACTS_THROUGH = ("counted, not a limit: on GPU engines the control plane has cores of its own and the simulation "
                 "slows nothing when it needs more than --control-cores; past them a real gateway would saturate, "
                 "which the goodput does not show")
@@ -36,19 +38,19 @@ def need(rows: Sequence[dict], cores: float, at: Optional[dict] = None) -> dict:
         cp = at["control_plane"]
         out["at_best"] = {"rate_rps": at["rate_rps"], "bandwidth_gbps": at.get("bandwidth_gbps"),
                           "peak_cores_1s": cp["peak_cores_1s"], "mean_cores": cp["mean_cores"],
-                          "exceeds_cores": cp["peak_cores_1s"] > cores}
+                          "exceeds_cores": cp["peak_cores_1s"] > cores, "meets_slo": at.get("meets")}
     return out
 
 
 def best_run(rows: Sequence[dict]) -> dict:
-    """The run a candidate's score came from (plan_sizing.score): its best goodput over the loads
-    at the bandwidth where that best is least; ties go to the first swept."""
-    by_bw: dict[float, dict] = {}
+    """The run a candidate's score came from (plan_sizing.score): the run at its capacity at the
+    KV link where that capacity is least (ties: the first swept); where no load met the SLO
+    there, its lowest load's run."""
+    by_bw: dict[float, list[dict]] = {}
     for r in rows:
-        bw = r["bandwidth_gbps"]
-        if bw not in by_bw or r["goodput_rps"] > by_bw[bw]["goodput_rps"]:
-            by_bw[bw] = r
-    return min(by_bw.values(), key=lambda r: r["goodput_rps"])
+        by_bw.setdefault(r["bandwidth_gbps"], []).append(r)
+    runs = min(by_bw.values(), key=lambda rs: capacity(rs).rate_rps)  # min keeps the first of equals
+    return capacity(runs).run or min(runs, key=lambda r: r["rate_rps"])
 
 
 def _at(rate: float, bw: Optional[float]) -> str:
@@ -61,7 +63,8 @@ def line(n: dict) -> str:
     text = most
     if "at_best" in n:
         b = n["at_best"]
-        text = (f"peak {b['peak_cores_1s']:.2f} / mean {b['mean_cores']:.2f} cores at its best load "
+        where = "its lowest load, which missed the SLO" if b.get("meets_slo") is False else "its capacity load"
+        text = (f"peak {b['peak_cores_1s']:.2f} / mean {b['mean_cores']:.2f} cores at {where} "
                 f"({_at(b['rate_rps'], b['bandwidth_gbps'])})")
         if n["peak_cores_1s"] > b["peak_cores_1s"]:
             text += f"; the most of its runs, {most}"

@@ -1,7 +1,8 @@
 """`tandem plan --gpus 16xH200`: every way to spend a GPU budget (plan_sizing.py), each simulated
 with tandem's real policies (run.py: router, decider, admission, autoscaler) or as colocated
-vLLM engines, over offered loads and KV-link bandwidths; the best goodput under the tier's SLO
-recommended, with its reason and the runners-up. SIMULATED, every figure.
+vLLM engines, at the KV-link bandwidths; each candidate's capacity under the tier's SLO found by
+a bounded search over offered loads (plan_search.py), the highest recommended, with its reason
+and the runners-up. SIMULATED, every figure.
 
 The config supplies the tier's SLO, admission, routing and engine arguments; the split supplies
 the replica counts (num_gpus = TP). Its KV cache: the config's kv_cache_memory_bytes where written,
@@ -14,7 +15,6 @@ and the real policy still ticks in the loop (its decisions are traced, clamped).
 from __future__ import annotations
 
 import argparse
-import time
 from typing import Optional
 
 from cluster.config import ClusterConfig
@@ -24,9 +24,11 @@ from loadtest.sim import LABEL
 from loadtest.sim.control_plane import from_benchmark
 from loadtest.sim.engine import EngineParams
 from loadtest.sim.network import LinkSpec
+from loadtest.sim.plan_cli import ATTAINMENT, MIX_MAX_REQUESTS, SEARCH_STEPS
 from loadtest.sim.plan_control import ACTS_THROUGH, best_run, line, need
 from loadtest.sim.plan_inputs import (GPU_BLOCK_SIZE, cluster_config, kinds, load, max_output, objectives, rates, step_choice, workload,
                                       describe as describe_workload)
+from loadtest.sim.plan_search import Bisection, Search, capacity
 from loadtest.sim.plan_sizing import (GpuBudget, Split, auto_rates, capacity_rps, drain_s, fit_duration, recommend,
                                       score, splits)
 from loadtest.sim.plan_step import describe
@@ -74,7 +76,6 @@ def sized_config(cfg: ClusterConfig, tier_name: str, split: Split, mode: str, kv
 
 
 def run_sized(args: argparse.Namespace) -> dict:
-    started = time.monotonic()
     budget = GpuBudget.parse(args.gpus)
     cfg = cluster_config(args)
     tier_name, tier = next(iter(cfg.tiers.items()))
@@ -98,49 +99,71 @@ def run_sized(args: argparse.Namespace) -> dict:
     hw0 = Hardware(step_model=lambda t, r: step, kv_bytes_per_token=shape.kv_bytes_per_token,
                    default_block_size=GPU_BLOCK_SIZE, link=LinkSpec(1.0, 0.0))
     colocated = engine_params(sized_config(cfg, tier_name, candidates[0], "never", kv_bytes).tiers[tier_name].decode, hw0)
-    capacity = capacity_rps(step, kinds(wl), engines, colocated.max_num_batched_tokens, colocated.max_num_seqs)
-    xs = rates(args, wl, None) or auto_rates(capacity)  # req/s of the mix, or a trace's replay speeds
+    estimate = capacity_rps(step, kinds(wl), engines, colocated.max_num_batched_tokens, colocated.max_num_seqs)
+    ladder = tuple(sorted(set(rates(args, wl, None) or auto_rates(estimate))))  # req/s of the mix, or replay speeds
+    try:
+        spec = Search(ladder, SEARCH_STEPS if args.search_steps is None else args.search_steps,
+                      ATTAINMENT if args.attainment is None else args.attainment)
+    except ValueError as exc:
+        raise SystemExit(str(exc)) from None
     bandwidths = [float(x) for x in args.bandwidths_gbps.split(",")]
     tandem_cost, vllm_cost = from_benchmark("tandem"), from_benchmark("vllm")
-    runs_per_load = 1 + len(bandwidths) * (len(candidates) - 1) * len(modes)
+    # Colocated engines pull no KV: one search serves every bandwidth's comparison.
+    keys = [None] + [(gbps, split, mode) for gbps in bandwidths for split in candidates[1:] for mode in modes]
+    # The most one search can offer: the ladder, then bisections, each below its highest load.
+    bound = ladder + (ladder[-1],) * spec.steps
+    max_requests = MIX_MAX_REQUESTS if args.max_requests is None else args.max_requests
     if isinstance(wl, Mix):
         duration = args.duration if args.duration is not None else \
-            fit_duration(DEFAULT_DURATION_S, xs, runs_per_load, args.max_requests, max(4.0, 4 * tier.slo.ttft_s))
-        requests = round(sum(xs) * duration * runs_per_load)
+            fit_duration(DEFAULT_DURATION_S, bound, len(keys), max_requests, max(4.0, 4 * tier.slo.ttft_s))
+        requests = round(sum(bound) * duration * len(keys))
     else:  # the trace is the load: --max-requests does not shorten it
         duration = wl.span_s
-        requests = len(wl.requests) * len(xs) * runs_per_load
+        requests = len(wl.requests) * len(bound) * len(keys)
     # The wall time follows the simulated requests: say it first. ~360 per CPU-second, drains
     # included, measured for the 16xH200 70B example on a 2-core VM (25,460 in 70 s): a rough guide.
     each = f"{duration:.3g} s" + ("" if isinstance(wl, Mix) else " at speed 1")
-    print(f"{LABEL}: {runs_per_load * len(xs)} runs of {each}, ~{requests:,} simulated requests (colocated + "
-          f"{len(candidates) - 1} P:D splits x {len(modes)} modes, {len(xs)} loads, {len(bandwidths)} KV links); "
-          f"roughly {max(requests / 360 / 60, 0.1):.1f} min", flush=True)
+    print(f"{LABEL}: at most {len(keys) * spec.max_runs} runs of {each}, ~{requests:,} simulated requests at most "
+          f"(colocated + {len(candidates) - 1} P:D splits x {len(modes)} modes x {len(bandwidths)} KV links, each a "
+          f"capacity search of {len(ladder)} loads + {spec.steps} bisections at most); roughly "
+          f"{max(requests / 360 / 60, 0.1):.1f} min at most", flush=True)
+    searches = {key: Bisection(spec) for key in keys}
     rows, drains = [], {}
-    for x in xs:
-        offered = load(wl, x, duration, args.seed)
-        drain = drains[offered.rate_rps] = drain_s(offered.duration_s, tier.slo.ttft_s, tier.slo.itl_s, max_output(wl))
-        # Colocated engines pull no KV: one run serves every bandwidth's comparison.
-        res = simulate_colocated(engines, colocated, step, vllm_cost, offered.schedule, drain_timeout_s=drain,
-                                 control_cores=args.control_cores, shares_engine_cores=None)
-        coloc = _row(candidates[0], "colocated", offered, res, mean, every)
-        rows += [{**coloc, "bandwidth_gbps": bw} for bw in bandwidths]
-        for gbps in bandwidths:
-            hw = Hardware(step_model=lambda t, r: step, kv_bytes_per_token=shape.kv_bytes_per_token,
-                          default_block_size=GPU_BLOCK_SIZE, link=LinkSpec(gbps * 1e9 / 8, args.transfer_fixed_ms / 1000))
-            for split in candidates[1:]:
-                for mode in modes:
+    # Breadth-first: every search's next load in a round, each load's trace built once per round.
+    while True:
+        pending: dict[float, list] = {}
+        for key, b in searches.items():
+            x = b.next_load()
+            if x is not None:
+                pending.setdefault(x, []).append(key)
+        if not pending:
+            break
+        for x in sorted(pending):
+            offered = load(wl, x, duration, args.seed)
+            drain = drains[offered.rate_rps] = drain_s(offered.duration_s, tier.slo.ttft_s, tier.slo.itl_s, max_output(wl))
+            for key in pending[x]:
+                if key is None:
+                    res = simulate_colocated(engines, colocated, step, vllm_cost, offered.schedule, drain_timeout_s=drain,
+                                             control_cores=args.control_cores, shares_engine_cores=None)
+                    row = _row(candidates[0], "colocated", offered, res, mean, every, spec)
+                    rows += [{**row, "bandwidth_gbps": bw} for bw in bandwidths]
+                else:
+                    gbps, split, mode = key
+                    hw = Hardware(step_model=lambda t, r: step, kv_bytes_per_token=shape.kv_bytes_per_token,
+                                  default_block_size=GPU_BLOCK_SIZE,
+                                  link=LinkSpec(gbps * 1e9 / 8, args.transfer_fixed_ms / 1000))
                     res = simulate_tandem(sized_config(cfg, tier_name, split, mode, kv_bytes), hw, tandem_cost,
-                                          offered.schedule,
-                                          seed=args.seed, drain_timeout_s=drain, control_cores=args.control_cores,
-                                          shares_engine_cores=None, tier=tier_name)
-                    rows.append({**_row(split, mode, offered, res, mean, every), "bandwidth_gbps": gbps})
-    slo = f"TTFT {mean.ttft_ms:g} ms, mean ITL {mean.mean_itl_ms:g} ms"
+                                          offered.schedule, seed=args.seed, drain_timeout_s=drain,
+                                          control_cores=args.control_cores, shares_engine_cores=None, tier=tier_name)
+                    row = {**_row(split, mode, offered, res, mean, every, spec), "bandwidth_gbps": gbps}
+                    rows.append(row)
+                searches[key].add(x, row)
+    slo = f">= {spec.attainment:.0%} of requests within TTFT {mean.ttft_ms:g} ms, mean ITL {mean.mean_itl_ms:g} ms"
     rec = recommend(score(rows, {s.label: s for s in candidates}), budget.gpu, slo)
     by_candidate = {c: [r for r in rows if r["candidate"] == c] for c in rec["ranking"]}
     control = {c: need(rs, args.control_cores, best_run(rs)) for c, rs in by_candidate.items()}
     rec["control_plane"] = control[rec["candidate"]]
-    return {"label": LABEL, "what": f"tandem plan --gpus {budget}: simulated goodput of every P:D split and colocated",
+    return {"label": LABEL, "what": f"tandem plan --gpus {budget}: simulated capacity under the SLO of every P:D split and colocated",
             "recommendation": rec,
             "budget": {"gpus": budget.count, "gpu": budget.gpu, "tp": args.tp, "engines": engines,
                        "idle_gpus": budget.count - engines * args.tp,
@@ -153,27 +176,43 @@ def run_sized(args: argparse.Namespace) -> dict:
                            "kv_cache_from": "config" if not gpu_sized(tier.decode) else
                            "GPU memory after weights (validate_gpu.py kv_blocks)",
                            "config": str(args.config), "tier": tier_name,
-                           "estimated_capacity_rps": round(capacity, 2),
-                           "capacity_note": "a rough estimate from the step time, only to place the load grid",
-                           "score": "per candidate: best goodput over the offered loads, least over the bandwidths",
-                           "wall_s": round(time.monotonic() - started, 1)},
-            "workload": {**describe_workload(args, wl), "rates_rps": sorted({r["rate_rps"] for r in rows}),
+                           "estimated_capacity_rps": round(estimate, 2),
+                           "capacity_note": "a rough estimate from the step time, only to place the search's ladder",
+                           "score": "per candidate: its capacity (plan_search.py: the highest offered load that meets "
+                                    "the SLO criterion), least over the bandwidths"},
+            "workload": {**describe_workload(wl), "rates_rps": sorted({r["rate_rps"] for r in rows}),
                          "duration_s": duration, "seed": args.seed,
                          "drain_s": drain if len(set(drains.values())) == 1 else {f"{r:g}": d for r, d in drains.items()},
                          "simulated_requests": requests,
                          "duration_from": "the trace (its last arrival)" if not isinstance(wl, Mix) else
                          "--duration" if args.duration is not None else
                          f"the default {DEFAULT_DURATION_S:g} s" if duration >= DEFAULT_DURATION_S else
-                         f"the default {DEFAULT_DURATION_S:g} s shortened to fit --max-requests {args.max_requests}"},
+                         f"the default {DEFAULT_DURATION_S:g} s shortened to fit --max-requests {max_requests}"},
             "objectives": {"ttft_ms": mean.ttft_ms, "mean_itl_ms": mean.mean_itl_ms, "max_gap_ms": every.max_gap_ms},
+            "search": {**spec.describe("replay speeds of the trace" if not isinstance(wl, Mix) else "req/s of the mix"),
+                       "runs": len({(r["candidate"], r["bandwidth_gbps"], r["rate_rps"]) for r in rows
+                                    if r["mode"] != "colocated" or r["bandwidth_gbps"] == bandwidths[0]}),
+                       "capacity_rps": _capacities(rows)},
             "control_plane_need": control,
             "rows": rows}
 
 
-def _row(split: Split, mode: str, offered: Load, res, mean, every) -> dict:
+def _capacities(rows: list[dict]) -> dict:
+    """Per candidate and KV link (Gbit/s): its capacity, the lowest load that failed (None: every
+    load met, not bracketed) and the loads run."""
+    out: dict[str, dict] = {}
+    for r in rows:
+        out.setdefault(r["candidate"], {}).setdefault(f"{r['bandwidth_gbps']:g}", []).append(r)
+    return {c: {bw: {"capacity_rps": (cap := capacity(rs)).rate_rps, "failed_at_rps": cap.failed_rps,
+                     "loads_run_rps": [r["rate_rps"] for r in rs]} for bw, rs in by_bw.items()}
+            for c, by_bw in out.items()}
+
+
+def _row(split: Split, mode: str, offered: Load, res, mean, every, spec: Search) -> dict:
     s = res.summary(mean, every, offered.duration_s, split.engines)
     return {"candidate": split.label if split.colocated else f"{mode} {split.label}", "split": split.label,
-            "mode": mode, "rate_rps": offered.rate_rps, "replay_speed": offered.speed, "goodput_rps": s["goodput_rps"],
+            "mode": mode, "rate_rps": offered.rate_rps, "replay_speed": offered.speed,
+            "slo_attainment": s["slo_attainment"], "meets": spec.meets(s["slo_attainment"]), "goodput_rps": s["goodput_rps"],
             "goodput_rps_max_gap": s["goodput_rps_max_gap"], "ttft_p90_ms": s["ttft"].get("p90_ms"),
             "mean_itl_p50_ms": s["mean_itl"].get("p50_ms"), "reasons": res.trace.reasons(),
             "control_plane": res.control}
@@ -183,25 +222,26 @@ def report(result: dict) -> None:
     rec, b = result["recommendation"], result["budget"]
     print(f"{LABEL} plan for {b['gpus']}x{b['gpu']}, TP{b['tp']}: {b['engines']} engines"
           + (f" ({b['idle_gpus']} GPUs idle)" if b["idle_gpus"] else "")
-          + f"; offered loads {', '.join(f'{r:g}' for r in result['workload']['rates_rps'])} req/s"
-          + (f" (the trace {result['workload']['trace']['path']} at replay speeds "
-             + ", ".join(f"{x:g}" for x in sorted({r["replay_speed"] for r in result["rows"]})) + ")"
-             if "trace" in result["workload"] else ""))
+          + f"; capacity search from the ladder {', '.join(f'{x:g}' for x in result['search']['ladder'])} "
+          + result["search"]["ladder_unit"]
+          + (f" {result['workload']['trace']['path']}" if "trace" in result["workload"] else ""))
     print(f"recommended: {rec['reason']}")
-    print("goodput under the SLO, req/s (best over the loads; per KV link Gbit/s):")
-    best: dict[str, dict[float, float]] = {}
-    for r in result["rows"]:
-        cell = best.setdefault(r["candidate"], {})
-        cell[r["bandwidth_gbps"]] = max(cell.get(r["bandwidth_gbps"], 0.0), r["goodput_rps"])
+    sr = result["search"]
+    print(f"capacity, req/s: the highest offered load with >= {sr['attainment']:.0%} of requests within the SLO, "
+          f"within {sr['resolution']:g} ({sr['ladder_unit']}) unless marked '>=' (met at the top of the ladder); "
+          "per KV link Gbit/s:")
     for c in rec["ranking"]:
-        print(f"  {c:<22} " + "  ".join(f"{bw:>5g}: {g:7.2f}" for bw, g in sorted(best[c].items())))
+        cells = sorted(sr["capacity_rps"][c].items(), key=lambda kv: float(kv[0]))
+        print(f"  {c:<22} " + "  ".join(f"{bw:>5}: {'>=' if cap['failed_at_rps'] is None else '  '}"
+                                        f"{cap['capacity_rps']:7.2f}" for bw, cap in cells))
+    print(f"{sr['runs']} runs (at most {sr['max_runs_per_candidate_and_link']} per candidate and link: "
+          f"{len(sr['ladder'])} ladder loads + {sr['bisection_steps']} bisections)")
     cp = result["provenance"]["control_plane"]
     print(f"control-plane cores ({ACTS_THROUGH.split(':')[0]}; CPU per token: tandem {cp['tandem']}; "
           f"colocated {cp['colocated']}):")
     for c in rec["ranking"]:
         print(f"  {c:<22} {line(result['control_plane_need'][c])}")
     print(f"the recommended {rec['candidate']} needs {line(rec['control_plane'])}")
-    print(f"simulated in {result['provenance']['wall_s']} s")
 
 
 def plot_sized(result: dict, path) -> None:
@@ -215,11 +255,16 @@ def plot_sized(result: dict, path) -> None:
     fig, axes = plt.subplots(1, len(bandwidths), figsize=(5.5 * len(bandwidths), 4.6), squeeze=False)
     for ax, bw in zip(axes[0], bandwidths):
         for c in rec["ranking"]:
-            rows = [r for r in result["rows"] if r["bandwidth_gbps"] == bw and r["candidate"] == c]
+            rows = sorted((r for r in result["rows"] if r["bandwidth_gbps"] == bw and r["candidate"] == c),
+                          key=lambda r: r["rate_rps"])
             style = dict(linewidth=3, color="black") if c == rec["candidate"] else dict(linewidth=1, alpha=0.8)
-            ax.plot([r["rate_rps"] for r in rows], [r["goodput_rps"] for r in rows], marker="o",
-                    label=c + (" (recommended)" if c == rec["candidate"] else ""), **style)
-        ax.set(title=f"KV link {bw:g} Gbit/s", xlabel="offered load (req/s)", ylabel="goodput under the SLO (req/s)")
+            drawn = ax.plot([r["rate_rps"] for r in rows], [r["goodput_rps"] for r in rows], marker="o",
+                            label=c + (" (recommended)" if c == rec["candidate"] else ""), **style)
+            at = capacity(rows).run
+            if at is not None:  # the capacity: the search's last load that met the SLO
+                ax.plot([at["rate_rps"]], [at["goodput_rps"]], marker="*", markersize=14, color=drawn[0].get_color())
+        ax.set(title=f"KV link {bw:g} Gbit/s (*: capacity)", xlabel="offered load (req/s)",
+               ylabel="goodput under the SLO (req/s)")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
     b = result["budget"]

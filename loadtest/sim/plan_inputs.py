@@ -11,6 +11,7 @@ from typing import Optional, Union
 from cluster.config import ClusterConfig, ConfigError
 from loadtest.bench.workload import Mix, RequestKind, poisson_schedule
 from loadtest.measure.slo import Objective
+from loadtest.sim.plan_cli import MIX_LONG, MIX_PREFILL_SHARE, MIX_SHORT
 from loadtest.sim.plan_step import StepChoice, choose_step_time
 from loadtest.sim.workload_trace import Load, TraceError, WorkloadTrace, read_trace
 
@@ -18,6 +19,10 @@ Workload = Union[Mix, WorkloadTrace]
 
 GPU_BLOCK_SIZE = 16  # vLLM's default block size on CUDA
 SLO_KEYS = {"ttft": "ttft_s", "itl": "itl_s", "max_gap": "max_gap_s"}  # --slo key -> the tier's slo field
+# (flag, its attribute): what only shapes the seeded mix. Beside a trace they would be dropped
+# without a word, and a user who passed one expects it to have done something.
+MIX_ONLY = (("--long", "long"), ("--short", "short"), ("--prefill-share", "prefill_share"),
+            ("--duration", "duration"), ("--max-requests", "max_requests"))
 
 
 def cluster_config(args: argparse.Namespace) -> ClusterConfig:
@@ -74,12 +79,16 @@ def step_choice(args: argparse.Namespace) -> StepChoice:
 
 def workload(args: argparse.Namespace) -> Workload:
     """`--workload mix` (the default): the seeded Poisson mix of --long / --short / --prefill-share,
-    the goodput benchmark's own; else the trace file it names, checked line by line here."""
+    the goodput benchmark's own, their defaults filled in here; else the trace file it names,
+    checked line by line here, with no mix-only flag beside it."""
     if args.workload == "mix":
-        return Mix(_kind("prefill-heavy", args.long), _kind("decode-heavy", args.short), args.prefill_share)
-    if args.duration is not None:
-        raise SystemExit("--duration applies to --workload mix: a trace's window is its own (its last arrival over "
-                         "the --rates speed); cut the file to replay less of it")
+        return Mix(_kind("prefill-heavy", args.long or MIX_LONG), _kind("decode-heavy", args.short or MIX_SHORT),
+                   MIX_PREFILL_SHARE if args.prefill_share is None else args.prefill_share)
+    given = [flag for flag, attr in MIX_ONLY if getattr(args, attr, None) is not None]
+    if given:
+        raise SystemExit(f"{', '.join(given)} appl{'ies' if len(given) == 1 else 'y'} to --workload mix only: with the "
+                         f"trace {args.workload} the trace is the load (its requests' sizes, its window up to its last "
+                         "arrival over the --rates speed); drop " + ", ".join(given) + ", or edit or cut the trace file")
     try:
         return read_trace(Path(args.workload))
     except TraceError as exc:
@@ -123,10 +132,12 @@ def max_output(wl: Workload) -> int:
     return max(o for _, _, o in kinds(wl))
 
 
-def describe(args: argparse.Namespace, wl: Workload) -> dict:
+def describe(wl: Workload) -> dict:
     """The JSON's workload: the mix's settings, or the trace's summary and how --rates read it."""
     if isinstance(wl, Mix):
-        return {"mix": {"long": args.long, "short": args.short, "prefill_share": args.prefill_share}}
+        long, short = wl.prefill_heavy, wl.decode_heavy
+        return {"mix": {"long": f"{long.prompt_tokens}:{long.output_tokens}",
+                        "short": f"{short.prompt_tokens}:{short.output_tokens}", "prefill_share": wl.prefill_share}}
     return {"trace": wl.describe(), "rates_are": "replay speeds of the trace's own rate (1: as written)"}
 
 

@@ -14,6 +14,7 @@ import re
 from dataclasses import dataclass
 from typing import Iterable, Optional, Sequence
 
+from loadtest.sim.plan_search import capacity
 from loadtest.sim.step_time import ACCELERATORS, StepShape, StepTimeModel
 
 _GPUS = re.compile(r"^\s*(\d+)\s*[x×*]\s*([A-Za-z0-9_-]+)\s*$", re.IGNORECASE)
@@ -104,16 +105,18 @@ def capacity_rps(step: StepTimeModel, kinds: Sequence[tuple[float, int, int]], e
     return engines / seconds
 
 
-def auto_rates(capacity: float, fractions: Iterable[float] = (0.4, 0.7, 1.0, 1.3)) -> tuple[float, ...]:
-    """Offered loads from below to past the estimated capacity (2 significant figures). Four:
-    the score is a candidate's best over them, and each costs a run of every candidate."""
-    return tuple(sorted({float(f"{max(capacity * f, 0.01):.2g}") for f in fractions}))
+def auto_rates(estimate: float, fractions: Iterable[float] = (0.4, 0.7, 1.0, 1.3)) -> tuple[float, ...]:
+    """The capacity search's ladder (plan_search.py): from below to past the estimated capacity
+    (2 significant figures). Four rungs: the bisection after them halves the widest gap, 0.4 of
+    the estimate, each step."""
+    return tuple(sorted({float(f"{max(estimate * f, 0.01):.2g}") for f in fractions}))
 
 
 def fit_duration(duration: float, rates: Sequence[float], runs_per_load: int, max_requests: int,
                  floor: float) -> float:
     """The seconds of load per run, shortened so the whole sweep simulates at most `max_requests`
-    (its wall time follows the request count), never below `floor`."""
+    (its wall time follows the request count), never below `floor`. `rates`: every load one
+    candidate may run (for the search, its bound: plan_gpus.py)."""
     per_second = sum(rates) * runs_per_load
     if per_second <= 0:
         return duration
@@ -128,82 +131,76 @@ def drain_s(duration: float, ttft_s: float, itl_s: float, max_output: int) -> fl
 
 @dataclass(frozen=True)
 class Scored:
-    """A candidate's goodput under the SLO: its best over the offered loads, per KV bandwidth."""
+    """A candidate's capacity under the SLO (plan_search.py), per KV bandwidth."""
 
     candidate: str  # "colocated x4", "adaptive 1P:3D"
     split: Split
     mode: str  # "colocated" | a disaggregation mode
-    best_by_bandwidth: tuple[tuple[float, float], ...]  # (Gbit/s, req/s)
-    rising_at_top: tuple[float, ...] = ()  # bandwidths where its best came at the highest load swept
+    capacity_by_bandwidth: tuple[tuple[float, float], ...]  # (Gbit/s, req/s)
+    unbracketed: tuple[float, ...] = ()  # bandwidths where it met the SLO at every load run: at least that
 
     @property
     def worst(self) -> float:
         """The score: the least over the swept bandwidths, so a pick holds across the range."""
-        return min(g for _, g in self.best_by_bandwidth)
+        return min(c for _, c in self.capacity_by_bandwidth)
 
     @property
     def mean(self) -> float:
-        return sum(g for _, g in self.best_by_bandwidth) / len(self.best_by_bandwidth)
+        return sum(c for _, c in self.capacity_by_bandwidth) / len(self.capacity_by_bandwidth)
 
 
 def score(rows: Sequence[dict], splits_by_label: dict[str, Split]) -> list[Scored]:
-    """rows: {candidate, split, mode, bandwidth_gbps, rate_rps, goodput_rps}; candidates in
-    first-seen order."""
-    order: list[str] = []
-    best: dict[str, dict[float, tuple[float, float]]] = {}  # candidate → bandwidth → (goodput, its load)
-    modes: dict[str, tuple[str, str]] = {}
-    top = max((r["rate_rps"] for r in rows), default=0.0)
+    """rows: {candidate, split, mode, bandwidth_gbps, rate_rps, meets}; candidates in first-seen order."""
+    groups: dict[str, dict[float, list[dict]]] = {}  # candidate → bandwidth → its runs
     for r in rows:
-        c = r["candidate"]
-        if c not in best:
-            order.append(c)
-            best[c] = {}
-            modes[c] = (r["split"], r["mode"])
-        bw = r["bandwidth_gbps"]
-        if bw not in best[c] or r["goodput_rps"] > best[c][bw][0]:
-            best[c][bw] = (r["goodput_rps"], r["rate_rps"])
-    return [Scored(c, splits_by_label[modes[c][0]], modes[c][1],
-                   tuple(sorted((bw, g) for bw, (g, _) in best[c].items())),
-                   tuple(sorted(bw for bw, (g, rate) in best[c].items() if rate == top and g > 0)))
-            for c in order]
+        groups.setdefault(r["candidate"], {}).setdefault(r["bandwidth_gbps"], []).append(r)
+    out = []
+    for c, by_bw in groups.items():
+        first = next(iter(by_bw.values()))[0]
+        caps = {bw: capacity(rs) for bw, rs in by_bw.items()}
+        out.append(Scored(c, splits_by_label[first["split"]], first["mode"],
+                          tuple(sorted((bw, cap.rate_rps) for bw, cap in caps.items())),
+                          tuple(sorted(bw for bw, cap in caps.items() if not cap.bracketed))))
+    return out
 
 
 def recommend(scored: Sequence[Scored], gpu: str, slo: str, close: float = 0.05) -> dict:
-    """The candidate with the highest worst-case goodput (ties: the higher mean, then the first
+    """The candidate with the highest worst-case capacity (ties: the higher mean, then the first
     swept: colocated before any split), why, and the runners-up. `close`: a margin under this
-    share of the winner's goodput is said to be within the noise of one seeded trace."""
+    share of the winner's capacity is said to be within the noise of one seeded trace. `slo`:
+    the criterion, in words."""
     if not scored:
         raise ValueError("nothing was simulated")
     ranked = sorted(scored, key=lambda s: (-s.worst, -s.mean))  # stable: sweep order breaks exact ties
     win = ranked[0]
-    bandwidths = [bw for bw, _ in win.best_by_bandwidth]
+    bandwidths = [bw for bw, _ in win.capacity_by_bandwidth]
     # Per bandwidth, ties go the ranking's way, so an exact tie does not read as a flip.
-    winners = {bw: max(ranked, key=lambda s: dict(s.best_by_bandwidth)[bw]).candidate for bw in bandwidths}
+    winners = {bw: max(ranked, key=lambda s: dict(s.capacity_by_bandwidth)[bw]).candidate for bw in bandwidths}
     holds = all(w == win.candidate for w in winners.values())
     runner: Optional[Scored] = ranked[1] if len(ranked) > 1 else None
     margin = (win.worst - runner.worst) / win.worst if runner and win.worst > 0 else None
-    reason = (f"{win.candidate} ({win.split.describe(gpu)}): the best goodput under the SLO ({slo}) at the worst "
-              f"swept KV link, {win.worst:.2f} req/s (its best over the offered loads)")
+    reason = (f"{win.candidate} ({win.split.describe(gpu)}): the highest capacity under the SLO ({slo}) at the worst "
+              f"swept KV link, {win.worst:.2f} req/s")
     if runner is not None:
         reason += f"; runner-up {runner.candidate} {runner.worst:.2f} req/s"
         if margin is not None:
             reason += f" ({margin:.1%} lower{': within the noise of one seeded trace' if margin < close else ''})"
     reason += ("; the same winner at every swept bandwidth" if holds else
                "; the winner changes with the KV bandwidth: " + ", ".join(f"{bw:g} Gbit/s {c}" for bw, c in winners.items()))
-    rising = [s for s in ranked[:4] if s.rising_at_top]
-    if rising:
-        # Its best is the grid's edge, not its capacity: a higher load could reorder the ranking.
-        reason += ("; still gaining at the highest swept load (" + ", ".join(
-            f"{s.candidate} at {'/'.join(f'{bw:g}' for bw in s.rising_at_top)} Gbit/s" for s in rising)
+    open_top = [s for s in ranked[:4] if s.unbracketed]
+    if open_top:
+        # Its capacity is the ladder's top, not found: a higher load could reorder the ranking.
+        reason += ("; met the SLO at the highest load of the ladder, so its capacity is at least that (" + ", ".join(
+            f"{s.candidate} at {'/'.join(f'{bw:g}' for bw in s.unbracketed)} Gbit/s" for s in open_top)
             + "): higher --rates could change the ranking")
     if win.worst == 0:
-        reason = "no candidate met the SLO at any swept load: " + reason
+        reason = "no candidate met the SLO at any load tried: " + reason
     return {"candidate": win.candidate, "mode": win.mode, "split": win.split.label, "prefill_engines": win.split.prefill,
             "decode_engines": win.split.decode, "colocated_engines": win.split.decode if win.split.colocated else 0,
-            "tp": win.split.tp, "gpus_used": win.split.engines * win.split.tp, "goodput_rps": win.worst,
+            "tp": win.split.tp, "gpus_used": win.split.engines * win.split.tp, "capacity_rps": win.worst,
             "holds_across_bandwidths": holds, "winner_by_bandwidth_gbps": {f"{bw:g}": c for bw, c in winners.items()},
             "margin_over_runner_up": None if margin is None else round(margin, 4), "reason": reason,
-            "rising_at_top_load": {s.candidate: list(s.rising_at_top) for s in ranked if s.rising_at_top},
-            "runners_up": [{"candidate": s.candidate, "goodput_rps": s.worst, "mean_over_bandwidths_rps": round(s.mean, 4)}
+            "unbracketed": {s.candidate: list(s.unbracketed) for s in ranked if s.unbracketed},
+            "runners_up": [{"candidate": s.candidate, "capacity_rps": s.worst, "mean_over_bandwidths_rps": round(s.mean, 4)}
                            for s in ranked[1:4]],
             "ranking": [s.candidate for s in ranked]}

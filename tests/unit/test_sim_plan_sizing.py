@@ -12,6 +12,7 @@ from cluster.cli import main
 from cluster.config import ClusterConfig
 from cluster.config.pools import AutoscalingConfig
 from loadtest.sim.plan_gpus import gpu_kv_bytes, sized_config
+from loadtest.sim.plan_search import Capacity, Search, capacity, search
 from loadtest.sim.plan_sizing import (GpuBudget, Split, auto_rates, capacity_rps, drain_s, fit_duration, recommend,
                                       score, splits)
 from loadtest.sim.step_table import TableStepTime
@@ -57,7 +58,7 @@ def test_many_engines_are_thinned_evenly_keeping_both_ends():
         splits(0, 1, 7)
 
 
-def test_the_load_grid_brackets_the_estimated_capacity():
+def test_the_search_ladder_brackets_the_estimated_capacity():
     step = TableStepTime.for_config("H200", "llama-3.1-70b", 4)
     kinds = [(0.7, 2048, 64), (0.3, 128, 512)]
     one, four = capacity_rps(step, kinds, 1, 8192, 256), capacity_rps(step, kinds, 4, 8192, 256)
@@ -100,45 +101,66 @@ def test_sized_config_sets_replicas_gpus_kv_and_pins_autoscaling():
 
 
 def _rows(table: dict) -> list[dict]:
-    """{candidate: {bandwidth: [goodput per load]}} → plan rows over loads 1, 2, 3."""
+    """{candidate: {bandwidth: [whether it met the SLO per load]}} → plan rows over loads 1, 2, 3."""
     rows = []
     for cand, per_bw in table.items():
         split = cand.split()[-1] if " " in cand else cand
         mode = cand.split()[0] if " " in cand else "colocated"
-        for bw, goodputs in per_bw.items():
+        for bw, met in per_bw.items():
             rows += [{"candidate": cand, "split": split, "mode": mode, "bandwidth_gbps": bw, "rate_rps": rate,
-                      "goodput_rps": g} for rate, g in zip((1.0, 2.0, 3.0), goodputs)]
+                      "meets": m} for rate, m in zip((1.0, 2.0, 3.0), met)]
     return rows
 
 
 SPLITS = {"colocated": Split(0, 2, 1), "1P:1D": Split(1, 1, 1)}
 
 
-def test_recommend_takes_the_best_worst_case_and_says_when_bandwidth_flips_it():
-    rows = _rows({"colocated": {10: [1, 2, 1.5], 100: [1, 2, 1.5]},
-                  "adaptive 1P:1D": {10: [1, 1.8, 1.2], 100: [1, 2, 2.5]}})
+def test_recommend_takes_the_best_worst_case_capacity_and_says_when_bandwidth_flips_it():
+    rows = _rows({"colocated": {10: [1, 1, 0], 100: [1, 1, 0]},
+                  "adaptive 1P:1D": {10: [1, 0, 0], 100: [1, 1, 1]}})
     rec = recommend(score(rows, SPLITS), "H200", "slo")
-    assert rec["candidate"] == "colocated" and rec["goodput_rps"] == 2
+    assert rec["candidate"] == "colocated" and rec["capacity_rps"] == 2
     assert rec["holds_across_bandwidths"] is False
     assert rec["winner_by_bandwidth_gbps"] == {"10": "colocated", "100": "adaptive 1P:1D"}
-    assert rec["runners_up"][0]["candidate"] == "adaptive 1P:1D" and rec["runners_up"][0]["goodput_rps"] == 1.8
-    assert rec["rising_at_top_load"] == {"adaptive 1P:1D": [100]} and "higher --rates" in rec["reason"]
+    assert rec["runners_up"][0]["candidate"] == "adaptive 1P:1D" and rec["runners_up"][0]["capacity_rps"] == 1
+    assert rec["unbracketed"] == {"adaptive 1P:1D": [100]} and "higher --rates" in rec["reason"]
 
 
 def test_recommend_ties_go_to_the_higher_mean_then_the_first_swept():
-    rows = _rows({"colocated": {10: [2, 2, 2], 100: [2, 2, 2]}, "adaptive 1P:1D": {10: [2, 2, 1], 100: [3, 1, 1]}})
+    rows = _rows({"colocated": {10: [1, 0, 0], 100: [1, 0, 0]}, "adaptive 1P:1D": {10: [1, 0, 0], 100: [1, 1, 0]}})
     assert recommend(score(rows, SPLITS), "H200", "slo")["candidate"] == "adaptive 1P:1D"
-    rows = _rows({"colocated": {10: [2, 1, 1]}, "adaptive 1P:1D": {10: [2, 1, 1]}})
+    rows = _rows({"colocated": {10: [1, 0, 0]}, "adaptive 1P:1D": {10: [1, 0, 0]}})
     rec = recommend(score(rows, SPLITS), "H200", "slo")
     assert rec["candidate"] == "colocated" and rec["margin_over_runner_up"] == 0  # an exact tie: the first swept
     assert "within the noise" in rec["reason"]
+    # A load that met above one that failed does not count: the lower failure bounds the capacity.
+    assert score(_rows({"colocated": {10: [1, 0, 1]}}), SPLITS)[0].worst == 1
 
 
-def test_plan_with_a_gpu_budget_recommends_the_best_swept_split(tmp_path, capsys):
-    rc = main(["plan", "--config", str(CONFIGS / "gpu-70b.yaml"), "--gpus", "8xH200", "--model", "llama-3.1-70b",
-               "--tp", "4", "--rates", "4,12", "--duration", "3", "--bandwidths-gbps", "25,200",
-               "--out", str(tmp_path)])
-    assert rc == 0
+def test_the_search_brackets_a_threshold_within_its_stated_resolution_and_run_bound():
+    spec = Search((4.0, 7.0, 10.0, 13.0), steps=3, attainment=0.9)
+    assert spec.max_runs == 7 and spec.resolution == pytest.approx(4.0 / 8)
+    for threshold in (0.3, 2.2, 5.05, 8.6, 12.9):
+        runs = search(spec, lambda x: {"rate_rps": x, "meets": x <= threshold})
+        cap = capacity(runs)
+        assert len(runs) <= spec.max_runs and cap.bracketed
+        assert cap.rate_rps <= threshold < cap.failed_rps and cap.failed_rps - cap.rate_rps <= spec.resolution
+    # Met at the ladder's top: not bracketed, capacity at least that; never met: 0.
+    assert capacity(search(spec, lambda x: {"rate_rps": x, "meets": True})) == \
+        Capacity(13.0, None, {"rate_rps": 13.0, "meets": True})
+    never = search(spec, lambda x: {"rate_rps": x, "meets": False})
+    assert capacity(never).rate_rps == 0 and [r["rate_rps"] for r in never] == [4.0, 2.0, 1.0, 0.5]
+    assert spec.meets(0.9) and not spec.meets(0.89) and not spec.meets(None)
+    with pytest.raises(ValueError, match="--attainment"):
+        Search((1.0,), 3, 1.5)
+    with pytest.raises(ValueError, match="ascending"):
+        Search((2.0, 1.0), 3, 0.9)
+
+
+def test_plan_with_a_gpu_budget_recommends_the_highest_searched_capacity(tmp_path, capsys):
+    argv = ["plan", "--config", str(CONFIGS / "gpu-70b.yaml"), "--gpus", "8xH200", "--model", "llama-3.1-70b",
+            "--tp", "4", "--rates", "4,12", "--search-steps", "2", "--duration", "3", "--bandwidths-gbps", "25,200"]
+    assert main(argv + ["--out", str(tmp_path)]) == 0
     result = json.loads((tmp_path / "plan.json").read_text())
     assert result["label"] == "SIMULATED" and (tmp_path / "plan.png").stat().st_size > 0
     assert result["provenance"]["step_time"]["kind"] == "aiconfigurator_table"
@@ -146,15 +168,33 @@ def test_plan_with_a_gpu_budget_recommends_the_best_swept_split(tmp_path, capsys
     rows = result["rows"]
     candidates = {r["candidate"] for r in rows}
     assert candidates == {"colocated x2", "adaptive 1P:1D", "always 1P:1D"}
-    # Recompute the score from the rows: best over the loads, least over the bandwidths.
-    worst = {c: min(max(r["goodput_rps"] for r in rows if r["candidate"] == c and r["bandwidth_gbps"] == bw)
-                    for bw in (25.0, 200.0)) for c in candidates}
+    sr = result["search"]
+    assert sr["max_runs_per_candidate_and_link"] == 4 and sr["resolution"] == 2.0 and sr["ladder"] == [4, 12]
+    # Recompute the score from the rows: per link the highest load that met below the lowest that
+    # failed, least over the links; every run within the stated bound.
+    worst = {}
+    for c in candidates:
+        caps = []
+        for bw in (25.0, 200.0):
+            mine = [r for r in rows if r["candidate"] == c and r["bandwidth_gbps"] == bw]
+            assert len(mine) <= 4 and all(r["meets"] == (r["slo_attainment"] >= 0.9) for r in mine)
+            failed = min((r["rate_rps"] for r in mine if not r["meets"]), default=None)
+            caps.append(max((r["rate_rps"] for r in mine if r["meets"] and (failed is None or r["rate_rps"] < failed)),
+                            default=0.0))
+            assert sr["capacity_rps"][c][f"{bw:g}"]["capacity_rps"] == caps[-1]
+        worst[c] = min(caps)
     rec = result["recommendation"]
-    assert rec["candidate"] in candidates and rec["goodput_rps"] == max(worst.values()) == worst[rec["candidate"]]
+    assert rec["candidate"] in candidates and rec["capacity_rps"] == max(worst.values()) == worst[rec["candidate"]]
     assert rec["gpus_used"] == 8 and set(rec["ranking"]) == candidates
     assert [r["candidate"] for r in rec["runners_up"]] == rec["ranking"][1:]
     assert max(worst.values()) > 0  # light loads: something meets the SLO
     assert len(set(worst.values())) > 1  # the loads separate the candidates: the pick above is a real choice
+    assert any(4 < r["rate_rps"] < 12 for r in rows)  # the search ran loads between the ladder's
     out = capsys.readouterr().out
     assert result["workload"]["drain_s"] >= 1.0 + 512 * 0.04  # the default mix's longest answer at the ITL bound
     assert "SIMULATED plan for 8xH200" in out and f"recommended: {rec['candidate']}" in out
+
+
+def test_the_search_flags_need_a_gpu_budget(tmp_path):
+    with pytest.raises(SystemExit, match="--search-steps: the capacity search is --gpus's"):
+        main(["plan", "--config", str(CONFIGS / "gpu-example.yaml"), "--search-steps", "2", "--out", str(tmp_path)])

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from cluster.cli import main
-from loadtest.sim.plan_control import best_run, need
+from loadtest.sim.plan_control import best_run, line, need
 from loadtest.sim.workload_trace import KIND, TraceError, TraceRequest, read_trace
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -100,6 +100,38 @@ def test_the_cli_reports_a_bad_trace_in_one_line_not_a_traceback(tmp_path):
         main(["plan", "--config", str(EXAMPLE), "--workload", str(_trace(tmp_path)), "--rates", "auto"])
 
 
+def _args(*argv: str):
+    import argparse
+    from loadtest.sim.plan_cli import add_arguments
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    return parser.parse_args(["--config", str(EXAMPLE), *argv])
+
+
+@pytest.mark.parametrize("flag, value", [("--long", "4096:32"), ("--short", "64:256"), ("--prefill-share", "0.5"),
+                                         ("--max-requests", "100"), ("--duration", "5")])
+def test_a_mix_only_flag_beside_a_trace_is_refused_by_name(tmp_path, flag, value):
+    from loadtest.sim.plan_inputs import workload
+
+    with pytest.raises(SystemExit) as err:
+        workload(_args("--workload", str(_trace(tmp_path)), flag, value))
+    text = str(err.value)
+    assert text.startswith(f"{flag} applies to --workload mix only: with the trace ") and f"drop {flag}," in text
+
+
+def test_the_mix_flags_default_where_the_mix_is_built_and_a_trace_alone_reads_fine(tmp_path):
+    from loadtest.sim.plan_inputs import describe, workload
+
+    assert describe(workload(_args())) == {"mix": {"long": "2048:64", "short": "128:512", "prefill_share": 0.7}}
+    mix = workload(_args("--long", "4096:32", "--prefill-share", "0.25"))
+    assert describe(mix) == {"mix": {"long": "4096:32", "short": "128:512", "prefill_share": 0.25}}
+    assert len(workload(_args("--workload", str(_trace(tmp_path)), "--rates", "2", "--seed", "3")).requests) == 24
+    # A default value passed explicitly is still a flag the trace would drop: refused too, all named at once.
+    with pytest.raises(SystemExit, match="--long, --prefill-share apply to --workload mix only"):
+        workload(_args("--workload", str(_trace(tmp_path)), "--long", "2048:64", "--prefill-share", "0.7"))
+
+
 def test_a_goodput_record_is_refused_with_the_mix_that_replays_it():
     # Its per-request records hold no arrival time and no prompt length: nothing to replay from.
     with pytest.raises(TraceError) as err:
@@ -146,17 +178,18 @@ def test_a_trace_replay_is_deterministic_and_its_control_plane_cores_add_up(tmp_
 
 
 def test_a_gpu_budget_plan_on_a_trace_states_the_recommendations_control_plane(tmp_path, capsys):
-    rc = main(["plan", "--config", str(EXAMPLE), "--gpus", "2xH200", "--model", "llama-3.1-8b", "--tp", "1",
-               "--workload", str(_trace(tmp_path)), "--modes", "adaptive", "--bandwidths-gbps", "10,100",
-               "--out", str(tmp_path / "o")])
-    assert rc == 0
-    result = json.loads((tmp_path / "o" / "plan.json").read_text())
+    argv = ["plan", "--config", str(EXAMPLE), "--gpus", "2xH200", "--model", "llama-3.1-8b", "--tp", "1",
+            "--workload", str(_trace(tmp_path)), "--modes", "adaptive", "--bandwidths-gbps", "10,100"]
+    assert main(argv + ["--out", str(tmp_path / "o")]) == 0
+    raw = (tmp_path / "o" / "plan.json").read_bytes()
+    result = json.loads(raw)
     rec = result["recommendation"]
     assert result["workload"]["duration_from"].startswith("the trace")
-    assert {r["replay_speed"] for r in result["rows"]} == {1.0}
+    assert result["search"]["ladder"] == [1] and result["search"]["ladder_unit"] == "replay speeds of the trace"
+    assert {r["replay_speed"] for r in result["rows"] if r["replay_speed"] != 1.0} <= {0.5, 0.25, 0.125, 0.75, 0.375}
     mine = [r for r in result["rows"] if r["candidate"] == rec["candidate"]]
     at = best_run(mine)
-    assert at["goodput_rps"] == rec["goodput_rps"]  # the run the score came from
+    assert at["rate_rps"] == rec["capacity_rps"] and at["meets"]  # the run the score came from
     cp = rec["control_plane"]
     assert cp == result["control_plane_need"][rec["candidate"]] == need(mine, 4.0, at)
     assert cp["at_best"]["peak_cores_1s"] == at["control_plane"]["peak_cores_1s"]
@@ -164,24 +197,30 @@ def test_a_gpu_budget_plan_on_a_trace_states_the_recommendations_control_plane(t
     assert set(result["control_plane_need"]) == set(rec["ranking"])
     out = capsys.readouterr().out
     assert f"the recommended {rec['candidate']} needs peak" in out and "within --control-cores 4" in out
+    assert main(argv + ["--out", str(tmp_path / "again")]) == 0
+    assert (tmp_path / "again" / "plan.json").read_bytes() == raw  # same trace and seed: the same bytes
 
 
 def test_need_reads_the_busiest_run_and_the_first_load_past_the_cores():
-    def row(rate, bw, goodput, peak, mean):
-        return {"rate_rps": rate, "bandwidth_gbps": bw, "goodput_rps": goodput,
+    def row(rate, bw, meets, peak, mean):
+        return {"rate_rps": rate, "bandwidth_gbps": bw, "meets": meets,
                 "control_plane": {"peak_cores_1s": peak, "mean_cores": mean,
                                   "cost": {"per_token_cpu_s": 0.0005, "baseline_cores": 0.35, "source": "s"}}}
 
-    rows = [row(1, 10, 1.0, 1.0, 0.8), row(2, 10, 1.5, 3.0, 2.0), row(4, 10, 1.2, 5.0, 3.0),
-            row(1, 100, 1.0, 1.1, 0.8), row(2, 100, 2.0, 3.1, 2.1), row(4, 100, 3.0, 5.5, 3.5)]
+    rows = [row(1, 10, True, 1.0, 0.8), row(2, 10, True, 3.0, 2.0), row(4, 10, False, 5.0, 3.0),
+            row(1, 100, True, 1.1, 0.8), row(2, 100, True, 3.1, 2.1), row(4, 100, True, 5.5, 3.5)]
     at = best_run(rows)
-    assert (at["rate_rps"], at["bandwidth_gbps"]) == (2, 10)  # the best load at the worst link
+    assert (at["rate_rps"], at["bandwidth_gbps"]) == (2, 10)  # the capacity at the worst link
     n = need(rows, 4.0, at)
     assert (n["peak_cores_1s"], n["mean_cores"], n["at_rate_rps"], n["at_bandwidth_gbps"]) == (5.5, 3.5, 4, 100)
     assert n["exceeds_cores"] and n["exceeds_from_rate_rps"] == 4 and n["per_token_cpu_ms"] == 0.5
     assert n["at_best"] == {"rate_rps": 2, "bandwidth_gbps": 10, "peak_cores_1s": 3.0, "mean_cores": 2.0,
-                            "exceeds_cores": False}
+                            "exceeds_cores": False, "meets_slo": True}
     assert not need(rows, 6.0)["exceeds_cores"] and need(rows, 6.0)["exceeds_from_rate_rps"] is None
+    # No load met at its worst link: the run is that link's lowest load, and the line says so.
+    missed = [row(2, 10, False, 1, 1), row(1, 10, False, 1, 1)]
+    assert best_run(missed)["rate_rps"] == 1
+    assert "at its lowest load, which missed the SLO (1 req/s" in line(need(missed, 4.0, best_run(missed)))
 
 
 def test_the_example_trace_is_also_a_load_test_trace():

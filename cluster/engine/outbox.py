@@ -18,21 +18,22 @@ pairs; an `END` output ends that stream, a `Failed` one raises its error there.
 Lifecycle of a subscription: the gateway calls `subscribe(gateway)` when it first needs this
 replica; it yields batches until the outbox has been idle (no request running, nothing
 buffered) for `idle_close_s`, then ends, so a replica Serve drains is not held by it; the
-gateway opens a new one on its next request. It also ends after a window of batches, and the
-gateway, which still has requests here, calls again at once (router/pd/channels.py).
+gateway opens a new one on its next request.
 
-Why the window: Serve reads a replica's generator as fast as it yields and queues the items
-towards the caller, so a gateway that falls behind (its event loop saturated) never made the
+The window: Serve reads a replica's generator as fast as it yields and queues the items
+towards the caller, so a gateway that fell behind (its event loop saturated) never made the
 outbox wait: every step went out as its own item, the queue grew (measured: 2-10 s behind at
 128 streams x 20 ms on a 2-core VM), and a request joining the channel got its second token
-seconds after its first. A call that ends after a few batches is a credit window with the
-gateway's next call as the acknowledgement: at most that many items wait on the way, and what
-comes meanwhile waits here, merged per request, so a gateway behind gets fewer, fuller items
-(several tokens per stream), as vLLM's output collector merges for a slow reader. A call costs
-both sides a Serve request (~several ms of CPU), so the window adapts (`Window.next`): halved
-while the gateway comes back to outputs piled up, doubled while it keeps up. An outbox whose gateway has not subscribed for
-`orphan_s` while requests run there is orphaned (the gateway died): its requests are
-cancelled and it is dropped (`Outboxes.reap`).
+seconds after its first. So a call carries a window of batches, the last one marked with
+`WINDOW_END`; then it pauses, and what comes meanwhile waits here, merged per request. The
+gateway, having read that far, opens its next call (the acknowledgement), which takes the
+outbox over: the paused call ends, and the new one sends what waited, several tokens per
+stream in one item when the gateway was behind, as vLLM's output collector merges for a slow
+reader. A call costs both sides a Serve request (several ms of CPU), so the window adapts
+(`Window.next`): halved while the gateway comes back to outputs piled up, doubled while it
+keeps up. A call whose next one does not come within `ack_timeout_s` (a draining replica gets
+no new call: Serve routes none to it) sends on without pausing, still marking each window's
+end, so a drain costs one pause, not the requests.
 """
 
 from __future__ import annotations
@@ -53,6 +54,20 @@ class _End:
 
 
 END = _End()
+
+
+class _WindowEnd:
+    """The last item of a subscription call's window (unpickles as WINDOW_END itself)."""
+
+    def __reduce__(self):
+        return "WINDOW_END"
+
+    def __repr__(self) -> str:
+        return "WINDOW_END"
+
+
+WINDOW_END = _WindowEnd()
+WINDOW_ITEM = ("", WINDOW_END)  # no stream has the empty id (the gateway names streams by uuid)
 
 
 class Failed:
@@ -95,6 +110,9 @@ class Outbox:
         self.subscribed = False
         self.last_seen = time.monotonic()  # last time a subscriber was attached, or a request began
         self.per_call = 0  # the window of the last subscription call (0: none yet)
+        self._handover = asyncio.Event()  # a newer call wants the outbox
+        self._released = asyncio.Event()  # no call holds it
+        self._released.set()
 
     def start(self, stream_id: str) -> None:
         task = asyncio.current_task()
@@ -133,14 +151,24 @@ class Outbox:
         return (sum(1 for _, output in self._buffer if output is not END and not isinstance(output, Failed))
                 / len(streams)) if streams else 0.0
 
-    async def batches(self, idle_close_s: float, window: Window) -> AsyncIterator[list[tuple[str, Any]]]:
-        """What a subscriber reads: every batch as soon as there is one; ends once idle, or
-        after this call's window of batches."""
+    async def batches(self, idle_close_s: float, window: Window,
+                      ack_timeout_s: float) -> AsyncIterator[list[tuple[str, Any]]]:
+        """What one subscription call reads: every batch as soon as there is one, the last of
+        each window marked; ends once idle, or when the next call takes over (`hand_over`)."""
         self.subscribed = True
+        self._released.clear()
+        self._handover.clear()
         self.per_call = window.least if not self.per_call else window.next(self.per_call, self.waiting_per_stream())
+        pause = True
         try:
             sent = 0
-            while sent < self.per_call:
+            while not self._handover.is_set():
+                if pause and sent and sent % self.per_call == 0:
+                    try:
+                        await asyncio.wait_for(self._handover.wait(), ack_timeout_s)
+                        return
+                    except asyncio.TimeoutError:
+                        pause = False  # no next call comes (a drain): send on, the windows still marked
                 if not self._buffer:
                     try:
                         await asyncio.wait_for(self._ready.wait(), idle_close_s)
@@ -148,11 +176,26 @@ class Outbox:
                         if not self.running and not self._buffer:
                             return
                         continue
+                    if not self._buffer:  # woken by hand_over (or a newer call's was left set)
+                        self._ready.clear()
+                        continue
+                batch = self.take()
                 sent += 1
-                yield self.take()
+                if sent % self.per_call == 0:
+                    batch.append(WINDOW_ITEM)
+                yield batch
         finally:
             self.subscribed = False
             self.last_seen = time.monotonic()
+            self._released.set()
+
+    async def hand_over(self) -> None:
+        """A new call for this gateway takes the outbox: the current call ends (at once when
+        paused at its window's end), and this returns once it has."""
+        while self.subscribed:
+            self._handover.set()
+            self._ready.set()  # wakes a call waiting for outputs
+            await self._released.wait()
 
     def cancel_all(self) -> None:
         for task in list(self.running.values()):
@@ -167,10 +210,11 @@ class Outboxes:
     """A replica's outboxes, one per gateway that runs requests here."""
 
     def __init__(self, merge: Merge, *, idle_close_s: float = 2.0, orphan_s: float = 30.0,
-                 window: Window = Window()):
+                 window: Window = Window(), ack_timeout_s: float = 0.5):
         self._merge = merge
         self.idle_close_s = idle_close_s
         self.window = window
+        self.ack_timeout_s = ack_timeout_s
         self.orphan_s = orphan_s
         self._boxes: dict[str, Outbox] = {}
 
@@ -182,10 +226,9 @@ class Outboxes:
 
     async def subscribe(self, gateway: str) -> AsyncIterator[list[tuple[str, Any]]]:
         box = self.open(gateway)
-        if box.subscribed:  # a gateway holds one subscription per replica; a second means the first is dead
-            raise RuntimeError(f"gateway {gateway} is subscribed to this replica already")
+        await box.hand_over()  # a gateway's call after a window's end, or after its last call died
         try:
-            async for batch in box.batches(self.idle_close_s, self.window):
+            async for batch in box.batches(self.idle_close_s, self.window, self.ack_timeout_s):
                 yield batch
         finally:
             self.reap()

@@ -27,9 +27,9 @@ import asyncio
 import contextlib
 import logging
 import uuid
-from typing import Any, AsyncIterator, Callable
+from typing import Any, AsyncIterator, Callable, Optional
 
-from cluster.engine.outbox import END, Failed
+from cluster.engine.outbox import END, WINDOW_END, Failed
 
 log = logging.getLogger(__name__)
 
@@ -52,15 +52,31 @@ class _Channel:
         self.task = asyncio.ensure_future(self._pump())
 
     async def _pump(self) -> None:
+        calls = self._subscribe(self.worker_id)
+        following: Optional[_NextCall] = None  # opened at a window's end, while `calls` still runs
         try:
             while True:
-                async for batch in self._subscribe(self.worker_id):
-                    for stream_id, output in batch:
-                        sink = self._sinks.get(stream_id)
-                        if sink is not None:  # else: its reader left (a cancelled request's tail)
-                            sink.put_nowait(output)
-                if not self.members:  # the replica closed an idle subscription: so do we
-                    return
+                batch = await _next_or_none(calls)
+                if batch is None and following is not None and not following.failed():
+                    # The replica ended this call because the next one took over: read that one.
+                    calls, first, following = following.calls, following.first, None
+                    batch = await _first_or_none(first)
+                if batch is None:
+                    if not self.members:  # the replica closed an idle subscription: so do we
+                        return
+                    calls, following = self._subscribe(self.worker_id), None
+                    continue
+                for stream_id, output in batch:
+                    if output is WINDOW_END:
+                        # Read that far: the next call acknowledges it (cluster/engine/outbox.py).
+                        # One that failed (a draining replica is out of Serve's routing) is
+                        # dropped: the replica sends on in this call after its ack timeout.
+                        if following is None or following.failed():
+                            following = _NextCall(self._subscribe(self.worker_id))
+                        continue
+                    sink = self._sinks.get(stream_id)
+                    if sink is not None:  # else: its reader left (a cancelled request's tail)
+                        sink.put_nowait(output)
         except asyncio.CancelledError:
             raise
         except Exception as exc:
@@ -71,7 +87,41 @@ class _Channel:
                     sink.put_nowait(Failed(lost))
             log.warning("%s (%d requests on it)", lost, len(self.members))
         finally:
+            if following is not None:
+                following.first.cancel()
             self._on_close(self)
+
+
+class _NextCall:
+    """A subscription call opened before the current one ended; its first batch, awaited in
+    the background, comes once the replica has ended the current one."""
+
+    def __init__(self, calls: AsyncIterator[Batch]):
+        self.calls = calls
+        self.first = asyncio.ensure_future(calls.__anext__())
+
+    def failed(self) -> bool:
+        if not self.first.done() or self.first.cancelled():
+            return False
+        error = self.first.exception()  # retrieved here: a failed next call is dropped, not raised
+        if error is not None and not isinstance(error, StopAsyncIteration):
+            log.debug("the next subscription to a decode replica failed: %r", error)
+            return True
+        return False
+
+
+async def _next_or_none(calls: AsyncIterator[Batch]) -> Optional[Batch]:
+    try:
+        return await calls.__anext__()
+    except StopAsyncIteration:
+        return None
+
+
+async def _first_or_none(first: "asyncio.Future[Batch]") -> Optional[Batch]:
+    try:
+        return await first
+    except StopAsyncIteration:
+        return None
 
 
 class DecodeChannels:

@@ -8,7 +8,7 @@ import asyncio
 
 import pytest
 
-from cluster.engine.outbox import END, Failed, Outboxes, Window
+from cluster.engine.outbox import END, WINDOW_ITEM, Failed, Outboxes, Window
 from router.pd.channels import ChannelLost, DecodeChannels
 
 
@@ -81,45 +81,123 @@ def test_window_halves_while_the_gateway_is_behind_and_doubles_while_it_keeps_up
     assert [window.next(n, 2.0) for n in (16, 8, 3, 2)] == [8, 4, 2, 2]
 
 
-def test_a_call_ends_after_its_window_and_what_comes_meanwhile_waits_merged():
-    """The credit window (cluster/engine/outbox.py): a call carries at most its window of
-    batches; outputs put while the gateway has no call open go out merged in the next one,
-    whose window shrinks because they piled up, and grows again once the gateway keeps up."""
-
-    async def read(boxes):
-        return [batch async for batch in boxes.subscribe("gw")]
+def test_a_call_pauses_after_its_window_and_the_next_call_takes_what_waited_merged():
+    """The credit window (cluster/engine/outbox.py), step by step: a call's window ends with
+    WINDOW_END and the call pauses; outputs put meanwhile wait; the gateway's next call takes
+    the outbox over (the paused call ends) and gets them merged per request, its window halved
+    (they piled up: the gateway was behind) or doubled (nothing waited)."""
 
     async def main():
-        boxes = Outboxes(merge, idle_close_s=0.05, window=Window(least=2, most=8, behind=2.0))
+        boxes = Outboxes(merge, idle_close_s=0.05, window=Window(least=2, most=8, behind=2.0), ack_timeout_s=30)
         box = boxes.open("gw")
         box.start("a")
         box.start("b")
-        reader = asyncio.ensure_future(read(boxes))
-        for step in range(1, 4):  # three steps, each read as it comes
+        call1 = boxes.subscribe("gw")
+        box.put("a", "a1")
+        box.put("b", "b1")
+        assert await call1.__anext__() == [("a", "a1"), ("b", "b1")]
+        box.put("a", "a2")
+        box.put("b", "b2")
+        assert await call1.__anext__() == [("a", "a2"), ("b", "b2"), WINDOW_ITEM]  # the first window: 2
+        paused = asyncio.ensure_future(call1.__anext__())
+        for step in (3, 4, 5):
             box.put("a", f"a{step}")
             box.put("b", f"b{step}")
-            while box.waiting_per_stream() and not reader.done():
-                await asyncio.sleep(0)
-        first = await reader
-        assert first == [[("a", "a1"), ("b", "b1")], [("a", "a2"), ("b", "b2")]]  # the first window: 2
-        assert box.per_call == 2 and not box.subscribed
-        for step in range(4, 7):  # step 3 waits, and the gateway is away for three steps more
-            box.put("a", f"a{step}")
-            box.put("b", f"b{step}")
-        second = asyncio.ensure_future(read(boxes))
-        while box.waiting_per_stream():
-            await asyncio.sleep(0)
-        assert box.per_call == 2  # four outputs waited per stream: behind, the window stays at its least
-        box.put("a", "a7")
-        assert await second == [[("a", "a3+a4+a5+a6"), ("b", "b3+b4+b5+b6")], [("a", "a7")]]  # merged per request
-        third = asyncio.ensure_future(read(boxes))
-        await asyncio.sleep(0)
+        await asyncio.sleep(0.02)
+        assert not paused.done()  # waits for the next call, however much comes
+        call2 = boxes.subscribe("gw")
+        assert await call2.__anext__() == [("a", "a3+a4+a5"), ("b", "b3+b4+b5")]
+        with pytest.raises(StopAsyncIteration):
+            await paused  # the paused call ended: the new one took over
+        assert box.per_call == 2  # three outputs waited per stream: behind, the window stays at its least
+        box.put("a", "a6")
+        assert await call2.__anext__() == [("a", "a6"), WINDOW_ITEM]
+        paused = asyncio.ensure_future(call2.__anext__())
+        call3 = boxes.subscribe("gw")
+        third = asyncio.ensure_future(call3.__anext__())
+        with pytest.raises(StopAsyncIteration):
+            await paused
         assert box.per_call == 4  # nothing waited: the gateway kept up, the window doubled
         box.end("a")
         box.end("b")
-        assert await third == [[("a", END), ("b", END)]]  # then idle: the call ends
-        boxes.reap()
-        assert len(boxes) == 0  # leak check
+        assert await third == [("a", END), ("b", END)]
+        with pytest.raises(StopAsyncIteration):
+            await call3.__anext__()  # then idle: the call ends
+        assert len(boxes) == 0  # leak check: the idle outbox was dropped
+
+    asyncio.run(main())
+
+
+def test_a_call_whose_next_call_never_comes_sends_on_after_the_ack_timeout():
+    """A draining replica gets no new call (Serve routes none to it): the window's pause ends
+    after ack_timeout_s and the call sends on, marking each window's end without pausing."""
+
+    async def main():
+        boxes = Outboxes(merge, idle_close_s=0.05, window=Window(least=2, most=8), ack_timeout_s=0.05)
+        box = boxes.open("gw")
+        box.start("a")
+        call = boxes.subscribe("gw")
+        got = []
+        for step in range(1, 6):
+            box.put("a", f"a{step}")
+            got.append(await asyncio.wait_for(call.__anext__(), 5))
+        assert got == [[("a", "a1")], [("a", "a2"), WINDOW_ITEM], [("a", "a3")], [("a", "a4"), WINDOW_ITEM],
+                       [("a", "a5")]]
+        box.end("a")
+        assert await call.__anext__() == [("a", END), WINDOW_ITEM]  # no pause: the ack timed out once
+        with pytest.raises(StopAsyncIteration):
+            await call.__anext__()
+        assert len(boxes) == 0
+
+    asyncio.run(main())
+
+
+def test_channels_read_across_windows_in_order_and_a_failed_next_call_costs_nothing():
+    """The gateway's side: each window's end opens the next call, the stream reads every output
+    in order across calls; a next call that fails (Serve cannot route to a draining replica) is
+    dropped and the current call goes on after the replica's ack timeout."""
+
+    async def main():
+        boxes = Outboxes(merge, idle_close_s=0.05, window=Window(least=2, most=4), ack_timeout_s=0.05)
+        calls = []
+
+        async def refused(worker_id):
+            raise RuntimeError("not routable")
+            yield  # an async generator, as Hops._subscription
+
+        def subscribe(worker_id):
+            calls.append(worker_id)
+            if 3 <= len(calls) <= 4:  # the third and fourth calls fail
+                return refused(worker_id)
+            return boxes.subscribe("gw")
+
+        channels = DecodeChannels(subscribe)
+        run = FakeRun("w1")
+        outs = [f"t{i}" for i in range(40)]
+        replica = []
+
+        async def engine_steps(stream_id):  # an output every few ms: many windows
+            box = boxes.open("gw")
+            box.start(stream_id)
+            for output in outs:
+                box.put(stream_id, output)
+                await asyncio.sleep(0.003)
+            box.end(stream_id)
+
+        def call_run(stream_id):
+            replica.append(asyncio.ensure_future(engine_steps(stream_id)))
+            return run
+
+        got = [o async for o in channels.stream(call_run)]
+        await replica[0]
+        run.done.set()
+        assert "+".join(got) == "+".join(outs)  # every output, once, in order, merged or not
+        assert len(calls) >= 5 and set(calls) == {"w1"}  # windows ended, failed next calls were dropped
+        for _ in range(50):
+            if len(channels) == 0 and len(boxes) == 0:
+                break
+            await asyncio.sleep(0.01)
+        assert len(channels) == 0 and len(boxes) == 0 and channels.streams == 0  # leak check
 
     asyncio.run(main())
 

@@ -24,16 +24,18 @@ The window: Serve reads a replica's generator as fast as it yields and queues th
 towards the caller, so a gateway that fell behind (its event loop saturated) never made the
 outbox wait: every step went out as its own item, the queue grew (measured: 2-10 s behind at
 128 streams x 20 ms on a 2-core VM), and a request joining the channel got its second token
-seconds after its first. So a call carries a window of batches, the last one marked with
-`WINDOW_END`; then it pauses, and what comes meanwhile waits here, merged per request. The
-gateway, having read that far, opens its next call (the acknowledgement), which takes the
-outbox over: the paused call ends, and the new one sends what waited, several tokens per
-stream in one item when the gateway was behind, as vLLM's output collector merges for a slow
-reader. A call costs both sides a Serve request (several ms of CPU), so the window adapts
-(`Window.next`): halved while the gateway comes back to outputs piled up, doubled while it
-keeps up. A call whose next one does not come within `ack_timeout_s` (a draining replica gets
-no new call: Serve routes none to it) sends on without pausing, still marking each window's
-end, so a drain costs one pause, not the requests.
+seconds after its first. So a call carries a window of batches. Halfway through, a batch
+carries `NEXT_CALL`: the gateway, having read that far, opens its next call (the
+acknowledgement), which takes the outbox over when it arrives (the current call ends; what it
+had not yet taken goes out on the new one). A gateway that keeps up acknowledges before the
+window is used, and its streams never wait for it. A call that has used its window pauses until
+the next call comes; what comes meanwhile waits here, merged per request, so a gateway behind
+gets fewer, fuller items (several tokens per stream), as vLLM's output collector merges for a
+slow reader. A call costs both sides a Serve request (several ms of CPU), so the window adapts
+(`Window.next`): halved after a call that had to pause, doubled after one whose next call came
+in time; a channel starts at the widest. A call whose next one does not come within
+`ack_timeout_s` (a draining replica gets no new call: Serve routes none to it) sends on
+without pausing again, still asking, so a drain costs at most one pause, not the requests.
 """
 
 from __future__ import annotations
@@ -56,18 +58,18 @@ class _End:
 END = _End()
 
 
-class _WindowEnd:
-    """The last item of a subscription call's window (unpickles as WINDOW_END itself)."""
+class _AskNextCall:
+    """The item that asks the gateway for its next call (unpickles as NEXT_CALL itself)."""
 
     def __reduce__(self):
-        return "WINDOW_END"
+        return "NEXT_CALL"
 
     def __repr__(self) -> str:
-        return "WINDOW_END"
+        return "NEXT_CALL"
 
 
-WINDOW_END = _WindowEnd()
-WINDOW_ITEM = ("", WINDOW_END)  # no stream has the empty id (the gateway names streams by uuid)
+NEXT_CALL = _AskNextCall()
+NEXT_CALL_ITEM = ("", NEXT_CALL)  # no stream has the empty id (the gateway names streams by uuid)
 
 
 class Failed:
@@ -86,14 +88,13 @@ Merge = Callable[[Sequence[Any]], Any]
 class Window:
     """How many batches one subscription call may carry (see the module docstring)."""
 
-    least: int = 2  # one item in flight while the gateway reads the other
+    least: int = 2  # ask after the first batch, pause after the second
     most: int = 64  # ~1 s of steps at a GPU's pace: the calls cost nothing then
-    behind: float = 2.0  # outputs waiting per stream when a call begins: the gateway was away for that many steps
 
-    def next(self, current: int, waiting_per_stream: float) -> int:
-        if waiting_per_stream >= self.behind:
-            return max(self.least, current // 2)
-        return min(self.most, current * 2)
+    def next(self, current: int, paused: bool) -> int:
+        """`paused`: the last call used its window before the next one came (the gateway read
+        the ask late: it is behind, or the call's round trip is longer than half a window)."""
+        return max(self.least, current // 2) if paused else min(self.most, current * 2)
 
 
 class WrongReplica(RuntimeError):
@@ -110,6 +111,7 @@ class Outbox:
         self.subscribed = False
         self.last_seen = time.monotonic()  # last time a subscriber was attached, or a request began
         self.per_call = 0  # the window of the last subscription call (0: none yet)
+        self.paused = False  # the last call used its window before the next call came
         self._handover = asyncio.Event()  # a newer call wants the outbox
         self._released = asyncio.Event()  # no call holds it
         self._released.set()
@@ -145,30 +147,28 @@ class Outbox:
         batch = [(rid, outs[0] if len(outs) == 1 else self._merge(outs)) for rid, outs in outputs.items()]
         return batch + ended
 
-    def waiting_per_stream(self) -> float:
-        """Outputs buffered per stream that has any (END and errors not counted)."""
-        streams = {stream_id for stream_id, output in self._buffer if output is not END and not isinstance(output, Failed)}
-        return (sum(1 for _, output in self._buffer if output is not END and not isinstance(output, Failed))
-                / len(streams)) if streams else 0.0
-
     async def batches(self, idle_close_s: float, window: Window,
                       ack_timeout_s: float) -> AsyncIterator[list[tuple[str, Any]]]:
-        """What one subscription call reads: every batch as soon as there is one, the last of
-        each window marked; ends once idle, or when the next call takes over (`hand_over`)."""
+        """What one subscription call reads: every batch as soon as there is one, the one halfway
+        through each window asking for the next call; ends once idle, or when the next call
+        takes over (`hand_over`)."""
         self.subscribed = True
         self._released.clear()
         self._handover.clear()
-        self.per_call = window.least if not self.per_call else window.next(self.per_call, self.waiting_per_stream())
+        self.per_call = window.most if not self.per_call else window.next(self.per_call, self.paused)
+        self.paused = False
+        ask_at = self.per_call // 2  # halfway: the next call comes before the window is used
         pause = True
         try:
             sent = 0
             while not self._handover.is_set():
                 if pause and sent and sent % self.per_call == 0:
-                    try:
+                    self.paused = True
+                    try:  # the window is used and the next call has not come: wait for it
                         await asyncio.wait_for(self._handover.wait(), ack_timeout_s)
                         return
                     except asyncio.TimeoutError:
-                        pause = False  # no next call comes (a drain): send on, the windows still marked
+                        pause = False  # no next call comes (a drain): send on, still asking
                 if not self._buffer:
                     try:
                         await asyncio.wait_for(self._ready.wait(), idle_close_s)
@@ -181,8 +181,8 @@ class Outbox:
                         continue
                 batch = self.take()
                 sent += 1
-                if sent % self.per_call == 0:
-                    batch.append(WINDOW_ITEM)
+                if sent % self.per_call == ask_at:
+                    batch.append(NEXT_CALL_ITEM)
                 yield batch
         finally:
             self.subscribed = False

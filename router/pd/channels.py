@@ -29,7 +29,7 @@ import logging
 import uuid
 from typing import Any, AsyncIterator, Callable, Optional
 
-from cluster.engine.outbox import END, WINDOW_END, Failed
+from cluster.engine.outbox import END, NEXT_CALL, Failed
 
 log = logging.getLogger(__name__)
 
@@ -53,7 +53,7 @@ class _Channel:
 
     async def _pump(self) -> None:
         calls = self._subscribe(self.worker_id)
-        following: Optional[_NextCall] = None  # opened at a window's end, while `calls` still runs
+        following: Optional[_NextCall] = None  # opened when the replica asked, while `calls` still runs
         try:
             while True:
                 batch = await _next_or_none(calls)
@@ -67,7 +67,7 @@ class _Channel:
                     calls, following = self._subscribe(self.worker_id), None
                     continue
                 for stream_id, output in batch:
-                    if output is WINDOW_END:
+                    if output is NEXT_CALL:
                         # Read that far: the next call acknowledges it (cluster/engine/outbox.py).
                         # One that failed (a draining replica is out of Serve's routing) is
                         # dropped: the replica sends on in this call after its ack timeout.

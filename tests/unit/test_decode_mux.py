@@ -8,7 +8,7 @@ import asyncio
 
 import pytest
 
-from cluster.engine.outbox import END, WINDOW_ITEM, Failed, Outboxes, Window
+from cluster.engine.outbox import END, NEXT_CALL_ITEM, Failed, Outboxes, Window
 from router.pd.channels import ChannelLost, DecodeChannels
 
 
@@ -74,21 +74,20 @@ def test_outbox_batches_merge_per_request_and_end_after_outputs():
     asyncio.run(main())
 
 
-def test_window_halves_while_the_gateway_is_behind_and_doubles_while_it_keeps_up():
-    window = Window(least=2, most=16, behind=2.0)
-    assert [window.next(n, 0.0) for n in (2, 4, 8, 16)] == [4, 8, 16, 16]
-    assert [window.next(n, 1.5) for n in (2, 8)] == [4, 16]  # less than two steps waiting: keeping up
-    assert [window.next(n, 2.0) for n in (16, 8, 3, 2)] == [8, 4, 2, 2]
+def test_window_halves_after_a_call_that_paused_and_doubles_after_one_that_did_not():
+    window = Window(least=2, most=16)
+    assert [window.next(n, False) for n in (2, 4, 8, 16)] == [4, 8, 16, 16]
+    assert [window.next(n, True) for n in (16, 8, 3, 2)] == [8, 4, 2, 2]
 
 
-def test_a_call_pauses_after_its_window_and_the_next_call_takes_what_waited_merged():
-    """The credit window (cluster/engine/outbox.py), step by step: a call's window ends with
-    WINDOW_END and the call pauses; outputs put meanwhile wait; the gateway's next call takes
-    the outbox over (the paused call ends) and gets them merged per request, its window halved
-    (they piled up: the gateway was behind) or doubled (nothing waited)."""
+def test_a_call_asks_halfway_pauses_when_its_window_is_used_and_the_next_call_takes_what_waited_merged():
+    """The credit window (cluster/engine/outbox.py), step by step: halfway through its window a
+    call asks for the next one; a next call that comes in time takes the outbox over with no
+    pause (the window doubles); one that comes after the window is used finds the call paused
+    and what came meanwhile merged per request (the window halves)."""
 
     async def main():
-        boxes = Outboxes(merge, idle_close_s=0.05, window=Window(least=2, most=8, behind=2.0), ack_timeout_s=30)
+        boxes = Outboxes(merge, idle_close_s=0.05, window=Window(least=2, most=4), ack_timeout_s=30)
         box = boxes.open("gw")
         box.start("a")
         box.start("b")
@@ -96,31 +95,35 @@ def test_a_call_pauses_after_its_window_and_the_next_call_takes_what_waited_merg
         box.put("a", "a1")
         box.put("b", "b1")
         assert await call1.__anext__() == [("a", "a1"), ("b", "b1")]
+        assert box.per_call == 4  # a channel starts at the widest window
         box.put("a", "a2")
-        box.put("b", "b2")
-        assert await call1.__anext__() == [("a", "a2"), ("b", "b2"), WINDOW_ITEM]  # the first window: 2
+        assert await call1.__anext__() == [("a", "a2"), NEXT_CALL_ITEM]  # halfway: asks
+        box.put("a", "a3")
+        assert await call1.__anext__() == [("a", "a3")]
+        box.put("a", "a4")
+        assert await call1.__anext__() == [("a", "a4")]  # the window is used
         paused = asyncio.ensure_future(call1.__anext__())
-        for step in (3, 4, 5):
+        for step in (5, 6, 7):
             box.put("a", f"a{step}")
             box.put("b", f"b{step}")
         await asyncio.sleep(0.02)
         assert not paused.done()  # waits for the next call, however much comes
         call2 = boxes.subscribe("gw")
-        assert await call2.__anext__() == [("a", "a3+a4+a5"), ("b", "b3+b4+b5")]
+        assert await call2.__anext__() == [("a", "a5+a6+a7"), ("b", "b5+b6+b7"), NEXT_CALL_ITEM]
         with pytest.raises(StopAsyncIteration):
             await paused  # the paused call ended: the new one took over
-        assert box.per_call == 2  # three outputs waited per stream: behind, the window stays at its least
-        box.put("a", "a6")
-        assert await call2.__anext__() == [("a", "a6"), WINDOW_ITEM]
-        paused = asyncio.ensure_future(call2.__anext__())
-        call3 = boxes.subscribe("gw")
+        assert box.per_call == 2  # the last call paused (the gateway read its ask late): halved, it asks at once
+        sending = asyncio.ensure_future(call2.__anext__())
+        call3 = boxes.subscribe("gw")  # comes before the window is used: no pause
         third = asyncio.ensure_future(call3.__anext__())
         with pytest.raises(StopAsyncIteration):
-            await paused
-        assert box.per_call == 4  # nothing waited: the gateway kept up, the window doubled
+            await sending
+        box.put("a", "a8")
+        assert await third == [("a", "a8")]
+        assert box.per_call == 4  # the last call did not pause: the gateway kept up, the window doubled
         box.end("a")
         box.end("b")
-        assert await third == [("a", END), ("b", END)]
+        assert await call3.__anext__() == [("a", END), ("b", END), NEXT_CALL_ITEM]
         with pytest.raises(StopAsyncIteration):
             await call3.__anext__()  # then idle: the call ends
         assert len(boxes) == 0  # leak check: the idle outbox was dropped
@@ -129,11 +132,11 @@ def test_a_call_pauses_after_its_window_and_the_next_call_takes_what_waited_merg
 
 
 def test_a_call_whose_next_call_never_comes_sends_on_after_the_ack_timeout():
-    """A draining replica gets no new call (Serve routes none to it): the window's pause ends
-    after ack_timeout_s and the call sends on, marking each window's end without pausing."""
+    """A draining replica gets no new call (Serve routes none to it): the pause at the end of
+    the window ends after ack_timeout_s and the call sends on, still asking, never pausing again."""
 
     async def main():
-        boxes = Outboxes(merge, idle_close_s=0.05, window=Window(least=2, most=8), ack_timeout_s=0.05)
+        boxes = Outboxes(merge, idle_close_s=0.05, window=Window(least=2, most=2), ack_timeout_s=0.05)
         box = boxes.open("gw")
         box.start("a")
         call = boxes.subscribe("gw")
@@ -141,10 +144,10 @@ def test_a_call_whose_next_call_never_comes_sends_on_after_the_ack_timeout():
         for step in range(1, 6):
             box.put("a", f"a{step}")
             got.append(await asyncio.wait_for(call.__anext__(), 5))
-        assert got == [[("a", "a1")], [("a", "a2"), WINDOW_ITEM], [("a", "a3")], [("a", "a4"), WINDOW_ITEM],
-                       [("a", "a5")]]
+        assert got == [[("a", "a1"), NEXT_CALL_ITEM], [("a", "a2")], [("a", "a3"), NEXT_CALL_ITEM], [("a", "a4")],
+                       [("a", "a5"), NEXT_CALL_ITEM]]
         box.end("a")
-        assert await call.__anext__() == [("a", END), WINDOW_ITEM]  # no pause: the ack timed out once
+        assert await call.__anext__() == [("a", END)]
         with pytest.raises(StopAsyncIteration):
             await call.__anext__()
         assert len(boxes) == 0

@@ -33,9 +33,11 @@ the next call comes; what comes meanwhile waits here, merged per request, so a g
 gets fewer, fuller items (several tokens per stream), as vLLM's output collector merges for a
 slow reader. A call costs both sides a Serve request (several ms of CPU), so the window adapts
 (`Window.next`): halved after a call that had to pause, doubled after one whose next call came
-in time; a channel starts at the widest. A call whose next one does not come within
-`ack_timeout_s` (a draining replica gets no new call: Serve routes none to it) sends on
-without pausing again, still asking, so a drain costs at most one pause, not the requests.
+in time; a channel starts at the widest. A paused call waits as long as the gateway still
+sends this replica new requests (it is behind, and its next call will come); one whose next
+call has not come within `ack_timeout_s` with no new request either (a draining replica:
+Serve routes it neither) sends on without pausing again, still asking, so a drain costs at
+most one pause (plus one per straggling request), not the requests.
 """
 
 from __future__ import annotations
@@ -112,6 +114,7 @@ class Outbox:
         self.last_seen = time.monotonic()  # last time a subscriber was attached, or a request began
         self.per_call = 0  # the window of the last subscription call (0: none yet)
         self.paused = False  # the last call used its window before the next call came
+        self.starts = 0  # requests begun here: while they come, the gateway can reach this replica
         self._handover = asyncio.Event()  # a newer call wants the outbox
         self._released = asyncio.Event()  # no call holds it
         self._released.set()
@@ -120,6 +123,7 @@ class Outbox:
         task = asyncio.current_task()
         assert task is not None, "Outbox.start runs inside the request's task"
         self.running[stream_id] = task
+        self.starts += 1
         self.last_seen = time.monotonic()
 
     def put(self, stream_id: str, output: Any) -> None:
@@ -164,11 +168,9 @@ class Outbox:
             while not self._handover.is_set():
                 if pause and sent and sent % self.per_call == 0:
                     self.paused = True
-                    try:  # the window is used and the next call has not come: wait for it
-                        await asyncio.wait_for(self._handover.wait(), ack_timeout_s)
+                    if await self._next_call_came(ack_timeout_s):
                         return
-                    except asyncio.TimeoutError:
-                        pause = False  # no next call comes (a drain): send on, still asking
+                    pause = False  # no next call comes (a drain): send on, still asking
                 if not self._buffer:
                     try:
                         await asyncio.wait_for(self._ready.wait(), idle_close_s)
@@ -188,6 +190,19 @@ class Outbox:
             self.subscribed = False
             self.last_seen = time.monotonic()
             self._released.set()
+
+    async def _next_call_came(self, ack_timeout_s: float) -> bool:
+        """Waits for the next call while the gateway may still send it: a gateway that sent
+        this replica a new request in the last `ack_timeout_s` is behind, not cut off (only
+        Serve stopping this replica, a drain, stops both its requests and its calls)."""
+        while True:
+            starts = self.starts
+            try:
+                await asyncio.wait_for(self._handover.wait(), ack_timeout_s)
+                return True
+            except asyncio.TimeoutError:
+                if self.starts == starts:
+                    return False
 
     async def hand_over(self) -> None:
         """A new call for this gateway takes the outbox: the current call ends (at once when

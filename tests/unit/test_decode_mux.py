@@ -155,6 +155,34 @@ def test_a_call_whose_next_call_never_comes_sends_on_after_the_ack_timeout():
     asyncio.run(main())
 
 
+def test_a_paused_call_waits_on_while_the_gateway_still_sends_requests():
+    """Behind, not cut off: a gateway that still starts requests here will send its next call,
+    so the pause outlasts the ack timeout; only a pause with no new request ends it."""
+
+    async def main():
+        boxes = Outboxes(merge, idle_close_s=5, window=Window(least=2, most=2), ack_timeout_s=0.05)
+        box = boxes.open("gw")
+        box.start("a")
+        call = boxes.subscribe("gw")
+        box.put("a", "a1")
+        assert await call.__anext__() == [("a", "a1"), NEXT_CALL_ITEM]
+        box.put("a", "a2")
+        assert await call.__anext__() == [("a", "a2")]
+        paused = asyncio.ensure_future(call.__anext__())
+        box.put("a", "a3")
+        for n in range(4):  # a new request every 30 ms: four ack timeouts' worth of pause
+            await asyncio.sleep(0.03)
+            box.start(f"new{n}")
+        assert not paused.done()
+        call2 = boxes.subscribe("gw")
+        assert await call2.__anext__() == [("a", "a3"), NEXT_CALL_ITEM]  # the next call came: it takes over
+        with pytest.raises(StopAsyncIteration):
+            await paused
+        await call2.aclose()
+
+    asyncio.run(main())
+
+
 def test_channels_read_across_windows_in_order_and_a_failed_next_call_costs_nothing():
     """The gateway's side: each window's end opens the next call, the stream reads every output
     in order across calls; a next call that fails (Serve cannot route to a draining replica) is

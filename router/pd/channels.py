@@ -11,9 +11,13 @@ queue is there first, so none is lost. The run call is watched meanwhile: its er
 stream with that error. Leaving early (the client hung up) cancels the run call, which
 aborts the request on the replica.
 
-Lifecycle of a channel: opened by the first request for its replica; its subscription ends
-when the replica finds the outbox idle, and the channel closes with it unless a request still
-waits (then it subscribes again: the outputs buffered meanwhile come first). A subscription that
+Lifecycle of a channel: opened by the first request for its replica. When a batch asks for the
+next call (`NEXT_CALL`, the replica's credit window: cluster/engine/outbox.py), the channel opens
+it at once and reads on; the replica ends the current call when the next one arrives, and the
+channel then reads the next one (a next call that fails is dropped: the current one goes on). A
+subscription also ends when the replica finds the outbox idle, and the channel closes with it
+unless a request still waits (then it subscribes again: the outputs buffered meanwhile come
+first). A subscription that
 fails ends every request waiting on it with `ChannelLost` (the replica died, or Serve routed the
 subscription elsewhere): before a first token the P/D path retries it like any decode failure.
 

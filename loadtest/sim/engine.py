@@ -120,6 +120,12 @@ class SimEngine:
         """A producer's blocks after the consumer pulled them (or gave up)."""
         self.pool.free(request.blocks)
         request.blocks = []
+        # A real engine core keeps stepping while it has waiting requests, and its scheduler
+        # takes the freed blocks from the connector's finished sends at the next step; this
+        # loop sleeps when nothing fits, so freeing blocks must wake it, or a prefill engine
+        # whose every block was held for pulls idles with its queue full (nothing else wakes
+        # it once the arrivals stop).
+        self._wake.set()
 
     async def next_boundary(self) -> None:
         """Until the end of the step running now (at once when idle). Without NIXL's progress

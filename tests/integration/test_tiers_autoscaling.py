@@ -57,8 +57,19 @@ def test_tier_header_selects_the_batch_tiers_pools(base_url):
         return {p: sum(s.prompt_tokens_computed for s in replica_stats(p, 2 if p.startswith("interactive") else 1).values())
                 for p in pools}
 
+    # On a fresh cluster the gateways' NIXL warm-up (router/pd/prewarm.py: an 8-token prompt per
+    # new prefill/decode pair, a pass every 2 s) may still be running: measure once the counters
+    # have been still for 6 s, so that only this test's two requests move them.
+    last: dict = {"reading": None, "since": 0.0}
+
+    def still() -> dict | None:
+        now, reading = time.monotonic(), computed()
+        if reading != last["reading"]:
+            last.update(reading=reading, since=now)
+        return reading if now - last["since"] >= 6.0 else None
+
     with httpx.Client() as client:
-        before = computed()
+        before = wait_for("the pools' computed prompt tokens still for 6 s", still, 120, every_s=1)
         assert complete(client, base_url, prompt(rng, 40), BATCH)
         mid = computed()
         assert complete(client, base_url, prompt(rng, 40), {})

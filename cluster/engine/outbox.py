@@ -18,7 +18,9 @@ pairs; an `END` output ends that stream, a `Failed` one raises its error there.
 Lifecycle of a subscription: the gateway calls `subscribe(gateway)` when it first needs this
 replica; it yields batches until the outbox has been idle (no request running, nothing
 buffered) for `idle_close_s`, then ends, so a replica Serve drains is not held by it; the
-gateway opens a new one on its next request.
+gateway opens a new one on its next request. An outbox whose gateway has not subscribed for
+`orphan_s` while requests run there is orphaned (the gateway died): its requests are
+cancelled and it is dropped (`Outboxes.reap`).
 
 The window: Serve reads a replica's generator as fast as it yields and queues the items
 towards the caller, so a gateway that fell behind (its event loop saturated) never made the
@@ -47,30 +49,22 @@ import time
 from dataclasses import dataclass
 from typing import Any, AsyncIterator, Callable, Optional, Sequence
 
-class _End:
-    """The output that ends one request's stream on the gateway (unpickles as END itself)."""
+class _Marker:
+    """A singleton item of this module that unpickles as itself (pickle finds it by its global
+    name here), so the gateway compares it with `is` after Ray carried it."""
+
+    def __init__(self, name: str):
+        self._name = name
 
     def __reduce__(self):
-        return "END"
+        return self._name
 
     def __repr__(self) -> str:
-        return "END"
+        return self._name
 
 
-END = _End()
-
-
-class _AskNextCall:
-    """The item that asks the gateway for its next call (unpickles as NEXT_CALL itself)."""
-
-    def __reduce__(self):
-        return "NEXT_CALL"
-
-    def __repr__(self) -> str:
-        return "NEXT_CALL"
-
-
-NEXT_CALL = _AskNextCall()
+END = _Marker("END")  # the output that ends one request's stream on the gateway
+NEXT_CALL = _Marker("NEXT_CALL")  # the item that asks the gateway for its next call
 NEXT_CALL_ITEM = ("", NEXT_CALL)  # no stream has the empty id (the gateway names streams by uuid)
 
 

@@ -31,7 +31,7 @@ import asyncio
 import contextlib
 import logging
 import uuid
-from typing import Any, AsyncIterator, Callable, Optional
+from typing import Any, AsyncIterator, Awaitable, Callable, Optional
 
 from cluster.engine.outbox import END, NEXT_CALL, Failed
 
@@ -60,11 +60,11 @@ class _Channel:
         following: Optional[_NextCall] = None  # opened when the replica asked, while `calls` still runs
         try:
             while True:
-                batch = await _next_or_none(calls)
+                batch = await _batch_or_none(calls.__anext__())
                 if batch is None and following is not None and not following.failed():
                     # The replica ended this call because the next one took over: read that one.
                     calls, first, following = following.calls, following.first, None
-                    batch = await _first_or_none(first)
+                    batch = await _batch_or_none(first)
                 if batch is None:
                     if not self.members:  # the replica closed an idle subscription: so do we
                         return
@@ -114,16 +114,10 @@ class _NextCall:
         return False
 
 
-async def _next_or_none(calls: AsyncIterator[Batch]) -> Optional[Batch]:
+async def _batch_or_none(next_batch: Awaitable[Batch]) -> Optional[Batch]:
+    """A call's next batch; None once the call has ended."""
     try:
-        return await calls.__anext__()
-    except StopAsyncIteration:
-        return None
-
-
-async def _first_or_none(first: "asyncio.Future[Batch]") -> Optional[Batch]:
-    try:
-        return await first
+        return await next_batch
     except StopAsyncIteration:
         return None
 

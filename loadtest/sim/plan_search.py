@@ -1,5 +1,6 @@
 """`tandem plan --gpus`: each candidate's capacity, found by search instead of read off a fixed
-load grid (where its best could fall between two loads). Pure: the runs are a callback.
+load grid (where its best could fall between two loads). Pure: the caller makes the runs
+(`Bisection`).
 
 A load *meets the SLO* when at least `attainment` of its requests met the plan's objective
 (TTFT + mean ITL, the goodput benchmark's `Objective`), i.e. its goodput under the SLO is at
@@ -16,7 +17,7 @@ meets the SLO at the top of the ladder is not bracketed: its capacity is at leas
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Optional, Sequence
+from typing import Optional, Sequence
 
 
 @dataclass(frozen=True)
@@ -95,14 +96,6 @@ class Bisection:
             self.lo = x
         else:
             self.hi = x
-
-
-def search(spec: Search, run: Callable[[float], dict]) -> list[dict]:
-    """One candidate's whole search: the rows of the runs made, in order."""
-    b = Bisection(spec)
-    while (x := b.next_load()) is not None:
-        b.add(x, run(x))
-    return b.rows
 
 
 @dataclass(frozen=True)

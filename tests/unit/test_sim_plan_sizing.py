@@ -12,12 +12,20 @@ from cluster.cli import main
 from cluster.config import ClusterConfig
 from cluster.config.pools import AutoscalingConfig
 from loadtest.sim.plan_gpus import gpu_kv_bytes, sized_config
-from loadtest.sim.plan_search import Capacity, Search, capacity, search
+from loadtest.sim.plan_search import Bisection, Capacity, Search, capacity
 from loadtest.sim.plan_sizing import (GpuBudget, Split, auto_rates, capacity_rps, drain_s, fit_duration, recommend,
                                       score, splits)
 from loadtest.sim.step_table import TableStepTime
 
 CONFIGS = Path(__file__).resolve().parents[2] / "loadtest" / "sim" / "configs"
+
+
+def search(spec: Search, run) -> list[dict]:
+    """One candidate's whole search as plan_gpus drives it, a run at a time: the rows in order."""
+    b = Bisection(spec)
+    while (x := b.next_load()) is not None:
+        b.add(x, run(x))
+    return b.rows
 
 
 @pytest.mark.parametrize("text,count,gpu", [("16xH200", 16, "H200"), (" 8 x h100 ", 8, "H100"), ("64×H200", 64, "H200"),

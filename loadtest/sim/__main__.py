@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 from loadtest.sim import LABEL
-from loadtest.sim.validate import RESULTS, replay_run, score, validation_runs
+from loadtest.sim.validate import RESULTS, SPEEDS, replay_run, score, validation_runs
 
 DEFAULT_OUT = Path(__file__).resolve().parent / "results" / "validation.json"
 
@@ -22,9 +22,10 @@ def main(argv: list[str] | None = None) -> int:
     v = sub.add_parser("validate", help="replay loadtest/bench/results/**/goodput.json runs in the simulator")
     v.add_argument("--out", type=Path, default=DEFAULT_OUT)
     v.add_argument("--runs", nargs="*", type=Path, help="result files (default: every run with a calibration)")
-    v.add_argument("--speed", choices=("calibration", "warm-up"), default="calibration",
-                   help="the prefill speed replayed: the run's calibration (issue 32's rule), or, a diagnostic, its "
-                        "own tandem engines' unloaded steps where it has a step log (--step-log)")
+    v.add_argument("--speed", choices=SPEEDS, default=SPEEDS[0],
+                   help="the prompt speed replayed: own-engines, the run's own tandem prefill engine's unloaded "
+                        "warm-up steps where it was recorded with --step-log, else its calibration engine's; "
+                        "calibration, the calibration engine's always")
     g = sub.add_parser("validate-gpu", help="the GPU engine model against AIConfigurator's measured vLLM samples")
     g.add_argument("--out", type=Path, default=DEFAULT_OUT.with_name("validation-gpu.json"))
     g.add_argument("--max-osl", type=int, help="only rows with at most this many output tokens (quick runs)")
@@ -66,6 +67,11 @@ def main(argv: list[str] | None = None) -> int:
           f"{s['ranking_reproduced']}/{s['runs_ranked']} runs (winner {s['winner_reproduced']}/{s['runs_ranked']}); reason mix within 10 points in {s['reason_mix_within']}/"
           f"{s['reason_mix_cells']} cells; measured cells recorded twice agree within the same bar in "
           f"{measured_again['within']}/{measured_again['pairs']} pairs. Written {args.out}" + (f" and {picture}" if picture else ""))
+    if own := s["own_engines"]:
+        print(f"{LABEL}, the {own['runs']} runs replayed at their own engines' speed: {own['within']}/{own['cells']} cells "
+              f"within (every-gap {own['within_max_gap']}); ranking {own['ranking_reproduced']}/{own['runs_ranked']} strict, "
+              f"{own['ranking_reproduced_at_tolerance']}/{own['runs_ranked']} at the bar's tolerance; reason mix "
+              f"{own['reason_mix_within']}/{own['reason_mix_cells']} cells, {own['reason_mix_pooled_within']} pooled per run and system")
     return 0
 
 

@@ -92,12 +92,21 @@ def check_cell(entry: dict, rate: dict, simulated_engines: dict[str, dict]) -> d
 def warm_up_prompt_ms(run: dict, prompt_tokens: int, budget: int) -> Optional[float]:
     """One prompt's compute on tandem's own prefill engine, unloaded: the mean full-chunk step of
     every tandem system's warm-up times the chunks the prompt takes. None without a step log.
-    For `validate --speed warm-up`, a diagnostic: the engines' own unloaded speed in place of the
-    one-core calibration engine's TTFT (whose noise, +-15-25% against these minutes later on the
-    AVX2 host of 2026-12-07, the replay's misses there follow)."""
+    The replay's prompt speed where a run has one (validate.py "own-engines"), in place of the
+    one-core calibration engine's TTFT (off by -21% to +26% against these, minutes apart, on the
+    AVX2 host of 2026-12-07)."""
     chunk = min(budget, prompt_tokens)
     steps = [ms for entry in run["systems"].values() if entry.get("warm_up_steps")
              for ms in prefill_steps(_engine(entry["warm_up_steps"], "prefill"), chunk)]
     if not steps:
         return None
     return sum(steps) / len(steps) * -(-prompt_tokens // chunk)
+
+
+def warm_up_decode_step_ms(run: dict) -> Optional[float]:
+    """One stream's decode step on tandem's own decode engine, unloaded: the mean of every tandem
+    system's warm-up steps that decoded one request and computed no prompt (the calibration's
+    counterpart is one request's mean token gap on its plain engine). None without a step log."""
+    steps = [r["ms"] for entry in run["systems"].values() if entry.get("warm_up_steps")
+             for r in _engine(entry["warm_up_steps"], "decode") if r["ctx_tokens"] == 0 and r["gen_reqs"] == 1]
+    return sum(steps) / len(steps) if steps else None

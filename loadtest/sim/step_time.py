@@ -2,9 +2,10 @@
 
 - `CpuFitted`: this project's CPU engines, from the two numbers every goodput run calibrates
   (loadtest/bench/goodput_judge.py: one engine's unloaded TTFT of the prefill-heavy prompt, and
-  the mean token gap of a decode-heavy request alone) plus the engine's token budget. The per
-  running-sequence slope is the one router/routing/cost_model.py's prior was measured with on
-  the 2-core VM (an unloaded step ~35 ms, +1 ms per sequence), as a share of the unloaded step.
+  the mean token gap of a decode-heavy request alone) plus the engine's token budget. Each
+  running sequence adds a share of the one-stream step: measured per host class by
+  loadtest/bench/decode_slope.py where committed (setups.py `decode_stream_share`), else
+  router/routing/cost_model.py's prior (an unloaded step ~35 ms, +1 ms per sequence).
 - `Roofline`: a lower bound for an accelerator: a step costs at least its FLOPs at peak compute
   and at least its bytes (weights once, the KV it reads and writes) at peak memory bandwidth,
   times efficiencies you state. A bound, never a measurement: label it so.
@@ -20,7 +21,7 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Protocol
 
-SEQ_SLOPE_SHARE = 1.0 / 35.0  # cost_model.py's prior: +1 ms per running sequence on a 35 ms step
+PRIOR_STREAM_SHARE = 1.0 / 35.0  # cost_model.py's prior: +1 ms per running sequence on a 35 ms step
 
 
 @dataclass(frozen=True)
@@ -49,10 +50,11 @@ class CpuFitted:
 
     @classmethod
     def from_calibration(cls, unloaded_ttft_s: float, unloaded_step_s: float, prompt_tokens: int,
-                         budget_tokens: int, source: str) -> "CpuFitted":
+                         budget_tokens: int, source: str, stream_share: float = PRIOR_STREAM_SHARE) -> "CpuFitted":
         """Solve the unloaded prompt alone: ceil(prompt / budget) steps, each the base step,
-        plus its tokens at the prompt slope, take the unloaded TTFT."""
-        per_seq = unloaded_step_s * SEQ_SLOPE_SHARE
+        plus its tokens at the prompt slope, take the unloaded TTFT. `stream_share`: each
+        running sequence's extra, as a share of the one-stream step."""
+        per_seq = unloaded_step_s * stream_share
         base = unloaded_step_s - per_seq  # one stream alone: base + per_seq
         steps = math.ceil(prompt_tokens / budget_tokens)
         slope = max(unloaded_ttft_s - steps * base, 0.0) / prompt_tokens

@@ -40,8 +40,12 @@ def plot(out: dict, path: Path) -> Optional[Path]:
     ax.scatter([], [], color="0.4", marker="D", label="other tandem variants")
     ax.scatter([], [], color="white", marker="o", edgecolors="black", label="outlined: outside the band")
     s = out["score"]
-    ax.set_title(f"{LABEL}: CPU replay of recorded goodput runs\n{s['within']}/{s['cells']} cells within "
-                 f"(issue 32's bar: 80%)", fontsize=10)
+    own = s.get("own_engines")
+    speed = ("engine speed: the run's own engines' unloaded steps where recorded, else its calibration"
+             if out.get("prefill_speed") == "own-engines" else "engine speed: each run's calibration engine")
+    ax.set_title(f"{LABEL}: CPU replay of recorded goodput runs\n({speed})\n{s['within']}/{s['cells']} cells within"
+                 + (f"; the {own['runs']} runs at their own engines' speed: {own['within']}/{own['cells']}" if own else "")
+                 + " (issue 32's bar: 80%)", fontsize=8)
     ax.set_xlabel("measured goodput, req/s (TTFT + mean ITL)")
     ax.set_ylabel("simulated goodput, req/s")
     ax.set_xlim(0, top * 1.05)

@@ -102,8 +102,9 @@ def test_the_score_is_also_given_per_host_class():
     assert machine_class({"avx512_bf16": True, "amx_bf16": False, "gpu": False}) == "AVX-512 BF16"
     assert machine_class({"avx512_bf16": False, "amx_bf16": False, "gpu": False}) == "AVX2"
     cell = lambda within: {"system": "colocated-mbt256", "within": within, "within_max_gap": within}
-    runs = [{"machine": "AVX2", "cells": [cell(True), cell(False)], "ranking": {"systems": 1}},
-            {"machine": "AMX", "cells": [cell(True)], "ranking": {"systems": 1}}]
+    speed = {"from": "calibration"}
+    runs = [{"run": "a", "machine": "AVX2", "cells": [cell(True), cell(False)], "ranking": {"systems": 1}, "prefill_speed": speed},
+            {"run": "b", "machine": "AMX", "cells": [cell(True)], "ranking": {"systems": 1}, "prefill_speed": speed}]
     assert score(runs)["within_by_machine"] == {"AMX": "1/1", "AVX2": "1/2"}
 
 

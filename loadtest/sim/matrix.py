@@ -264,7 +264,7 @@ def run_matrix(grid: Grid, jobs: int = 1) -> tuple[dict, dict]:
             "colocated": "vLLM engines, each doing both phases, request i on engine i mod n; no KV link, no Serve hop: "
                          "one run per load serves every setting",
             "config": str(grid.config.relative_to(Path(__file__).resolve().parents[2])), "tier": tier_name,
-            "cpu_validation": "loadtest/sim/results/validation.json (README: 48/94 cells within its bar)"},
+            "cpu_validation": _cpu_validation()},
         "objectives": {"ttft_ms": tier.slo.ttft_s * 1000, "mean_itl_ms": tier.slo.itl_s * 1000,
                        "goodput": "requests meeting TTFT and mean ITL per second of offered load"},
         "grid": {"gpu": grid.gpu, "gemm": grid.gemm, "modes": list(grid.modes), "seed": grid.seed,
@@ -277,14 +277,21 @@ def run_matrix(grid: Grid, jobs: int = 1) -> tuple[dict, dict]:
     return matrix, rules_json(cells, grid)
 
 
+def _cpu_validation() -> str:
+    s = json.loads(VALIDATION_CPU.read_text())["score"]
+    own = s.get("own_engines")
+    return (f"loadtest/sim/results/validation.json: {s['within']}/{s['cells']} cells within its bar"
+            + (f"; {own['within']}/{own['cells']} in the {own['runs']} runs replayed at their own engines' speed" if own else ""))
+
+
 def rules_json(cells: list[dict], grid: Grid) -> dict:
     counts = count_reasons(r for c in cells for r in c["rows"])
     seen = json.loads(VALIDATION_CPU.read_text())["score"]["reasons_seen"]
     return {"label": LABEL, "what": "decider reasons: how many decisions each made in the simulated GPU matrix, "
                                     "beside the CPU validation's measured and replayed runs; the ones no run gave",
             "sources": {"matrix": "loadtest/sim/results/gpu-matrix.json (every tandem run, every request's verdict)",
-                        "measured": "loadtest/sim/results/validation.json score.reasons_seen.measured (11 recorded "
-                                    "goodput runs, 2-core VMs)",
+                        "measured": f"loadtest/sim/results/validation.json score.reasons_seen.measured "
+                                    f"({len(json.loads(VALIDATION_CPU.read_text())['runs'])} recorded goodput runs, 2-core VMs)",
                         "replayed": "the same file's score.reasons_seen.simulated",
                         "rules": "router/routing/decider.py (numbering of its docstring)"},
             "matrix_seed": grid.seed, "matrix_by_mode": counts,

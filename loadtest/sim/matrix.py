@@ -150,7 +150,7 @@ def prepare(grid: Grid, cell: Cell) -> Prepared:
     engines = grid_engines(grid, cell)
     candidates = splits(engines, cell.tp, cell.max_splits)
     decode = engine_params(sized_config(cfg, tier, candidates[0], "never", kv).tiers[tier].decode,
-                           _hardware(cell, choice.model, 1.0))
+                           _hardware(cell, choice.model, 1.0), cfg.model.max_model_len, f"{cell.label}: tiers.{tier}.decode")
     w = cell.workload
     cap = capacity_rps(choice.model, [(1.0, w.prompt_tokens, w.output_tokens)], engines,
                        decode.max_num_batched_tokens, decode.max_num_seqs)
@@ -195,7 +195,7 @@ def run_cell(grid: Grid, cell: Cell) -> dict:
     w = cell.workload
     drain = drain_s(cell.duration_s, tier.slo.ttft_s, tier.slo.itl_s, w.output_tokens)
     colocated = engine_params(sized_config(cfg, tier_name, p.candidates[0], "never", p.kv_bytes).tiers[tier_name].decode,
-                              _hardware(cell, step, 1.0))
+                              _hardware(cell, step, 1.0), cfg.model.max_model_len, f"{cell.label}: tiers.{tier_name}.decode")
     tandem0, vllm = from_benchmark("tandem"), from_benchmark("vllm")
     rows = []
     for rate in p.rates:

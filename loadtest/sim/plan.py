@@ -17,15 +17,15 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 from pathlib import Path
 
 from loadtest.bench.workload import Mix
 from loadtest.sim import LABEL
 from loadtest.sim.control_plane import from_benchmark
-from loadtest.sim.engine import EngineParams
 from loadtest.sim.network import LinkSpec
-from loadtest.sim.pools import Hardware, engine_params
+from loadtest.sim.pools import Hardware, KVCacheTooSmall, engine_params
 from loadtest.sim.plan_control import ACTS_THROUGH, line, need
 from loadtest.sim.plan_inputs import (GPU_BLOCK_SIZE, cluster_config, load, max_output, objectives, rates, step_choice, workload,
                                       describe as describe_workload)
@@ -61,6 +61,12 @@ def run(args: argparse.Namespace) -> dict:
     mean, every = objectives(tier)
     engines = tier.prefill.replicas + tier.decode.replicas
     cost, vllm_cost = from_benchmark("tandem"), from_benchmark("vllm")
+    # Both pools' engines, checked before any run (a KV cache under max_model_len is refused);
+    # colocated engines are the decode pool's.
+    sized = Hardware(step_model=lambda t, r: step, kv_bytes_per_token=shape.kv_bytes_per_token,
+                     default_block_size=GPU_BLOCK_SIZE, link=LinkSpec(1.0, 0.0))
+    params = {role: engine_params(pool, sized, cfg.model.max_model_len, f"tiers.{tier_name}.{role}")
+              for role, pool in (("prefill", tier.prefill), ("decode", tier.decode))}
     rows = []
     for gbps in (float(x) for x in args.bandwidths_gbps.split(",")):
         hw = Hardware(step_model=lambda t, r: step, kv_bytes_per_token=shape.kv_bytes_per_token,
@@ -70,9 +76,7 @@ def run(args: argparse.Namespace) -> dict:
             drain = drain_s(offered.duration_s, tier.slo.ttft_s, tier.slo.itl_s, max_output(wl))
             for system in SYSTEMS:
                 if system == "colocated":
-                    d = engine_params(tier.decode, hw)
-                    params = EngineParams(d.max_num_seqs, d.max_num_batched_tokens, d.block_size, d.num_blocks)
-                    result = simulate_colocated(engines, params, step, vllm_cost, offered.schedule,
+                    result = simulate_colocated(engines, params["decode"], step, vllm_cost, offered.schedule,
                                                 drain_timeout_s=drain, control_cores=args.control_cores,
                                                 shares_engine_cores=None)
                 else:
@@ -126,7 +130,11 @@ def plot(result: dict, path: Path) -> None:
 
 def main(args: argparse.Namespace) -> int:
     started = time.monotonic()
-    result = run(args)
+    try:
+        result = run(args)
+    except KVCacheTooSmall as exc:  # a config vLLM would not start: one line, as the CLI's other input errors
+        print(exc, file=sys.stderr)
+        return 2
     # Not in the JSON: the same inputs and seed give the same bytes.
     wall_s = time.monotonic() - started
     args.out.mkdir(parents=True, exist_ok=True)

@@ -98,7 +98,13 @@ def run_sized(args: argparse.Namespace) -> dict:
     mean, every = objectives(tier)
     hw0 = Hardware(step_model=lambda t, r: step, kv_bytes_per_token=shape.kv_bytes_per_token,
                    default_block_size=GPU_BLOCK_SIZE, link=LinkSpec(1.0, 0.0))
-    colocated = engine_params(sized_config(cfg, tier_name, candidates[0], "never", kv_bytes).tiers[tier_name].decode, hw0)
+    # Both pools' engines, checked before any run (a KV cache under max_model_len is refused);
+    # colocated engines are the decode pool's.
+    sized = sized_config(cfg, tier_name, candidates[0], "never", kv_bytes).tiers[tier_name]
+    params = {role: engine_params(getattr(sized, role), hw0, cfg.model.max_model_len, f"tiers.{tier_name}.{role}" + (
+        f" (TP{args.tp} on {budget.gpu}, its KV cache what the GPUs leave after the weights: a higher --tp leaves more)"
+        if gpu_sized(getattr(tier, role)) else "")) for role in ("prefill", "decode")}
+    colocated = params["decode"]
     estimate = capacity_rps(step, kinds(wl), engines, colocated.max_num_batched_tokens, colocated.max_num_seqs)
     ladder = tuple(sorted(set(rates(args, wl, None) or auto_rates(estimate))))  # req/s of the mix, or replay speeds
     try:

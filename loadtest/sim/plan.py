@@ -48,6 +48,11 @@ def run(args: argparse.Namespace) -> dict:
     if search:
         raise SystemExit(f"{', '.join(search)}: the capacity search is --gpus's; without it the plan runs the --rates "
                          "loads as given: add --gpus COUNTxGPU, or drop " + ", ".join(search))
+    pools = [flag for flag, value in (("--prefill-tp", args.prefill_tp), ("--decode-tp", args.decode_tp))
+             if value is not None]
+    if pools:
+        raise SystemExit(f"{', '.join(pools)}: a pool's own TP is --gpus's (it sizes the budget's splits); without it "
+                         "the config's pools run at --tp: add --gpus COUNTxGPU, or drop " + ", ".join(pools))
     wl = workload(args)
     duration = DEFAULT_DURATION_S if args.duration is None else args.duration
     xs = rates(args, wl, "1,2,4,8")
@@ -56,7 +61,7 @@ def run(args: argparse.Namespace) -> dict:
     cfg = cluster_config(args)
     tier_name, tier = next(iter(cfg.tiers.items()))
     shape = MODELS[args.model]
-    choice = step_choice(args)
+    choice = step_choice(args, args.tp)
     step = choice.model
     mean, every = objectives(tier)
     engines = tier.prefill.replicas + tier.decode.replicas
@@ -141,17 +146,17 @@ def main(args: argparse.Namespace) -> int:
     (args.out / "plan.json").write_text(json.dumps(result, indent=1, sort_keys=True) + "\n")
     sized = "recommendation" in result
     if sized:
-        from loadtest.sim.plan_gpus import plot_sized as draw, report
+        from loadtest.sim.plan_report import plot_sized as draw, report
     else:
         draw = plot
     try:
         draw(result, args.out / "plan.png")
     except ImportError:
         print("plan.png not drawn: matplotlib is missing (pip install -e '.[loadtest]')")
-    print(f"step time: {describe(result['provenance']['step_time'])}")
     if sized:
         report(result)
     else:
+        print(f"step time: {describe(result['provenance']['step_time'])}")
         print(f"{LABEL} goodput (req/s, TTFT + mean ITL), tier {result['provenance']['tier']}; control-plane cores "
               f"(busiest second / mean; {ACTS_THROUGH.split(':')[0]}):")
         for r in result["rows"]:

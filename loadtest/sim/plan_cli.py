@@ -28,7 +28,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                                   "and colocated, search each one's capacity under the SLO, and recommend the highest")
     p.add_argument("--accelerator", choices=sorted(ACCELERATORS), help="the GPU (default H200; with --gpus, its GPU)")
     p.add_argument("--model", choices=sorted(MODELS), default="llama-3.1-8b", help="model shape for the step time and KV bytes")
-    p.add_argument("--tp", type=int, default=1, help="tensor-parallel degree of each engine (GPUs per engine)")
+    p.add_argument("--tp", type=int, default=1, help="tensor-parallel degree of each engine (GPUs per engine); with "
+                                                     "--gpus, the colocated engines' and the default of the two below")
+    p.add_argument("--prefill-tp", type=int, help="with --gpus: GPUs per prefill engine (default --tp); its own step "
+                                                  "time and KV cache")
+    p.add_argument("--decode-tp", type=int, help="with --gpus: GPUs per decode engine (default --tp). A split of P "
+                                                 "prefill and D decode engines takes P x --prefill-tp + D x --decode-tp "
+                                                 "GPUs; the splits swept are those no further engine fits beside")
     p.add_argument("--step-time", choices=STEP_TIMES, default="auto",
                    help="auto: AIConfigurator's tables where they hold GPU x model x TP, else the roofline bound")
     p.add_argument("--gemm", choices=("fp8", "bfloat16"), default="fp8", help="GEMM precision of the tables")

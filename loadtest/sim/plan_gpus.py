@@ -5,16 +5,19 @@ a bounded search over offered loads (plan_search.py), the highest recommended, w
 and the runners-up. SIMULATED, every figure.
 
 The config supplies the tier's SLO, admission, routing and engine arguments; the split supplies
-the replica counts (num_gpus = TP). Its KV cache: the config's kv_cache_memory_bytes where written,
-else (null or left out) what the GPUs leave after the weights (validate_gpu.py `kv_blocks`, vLLM's
-gpu_memory_utilization and an assumed reserve), so one config plans any budget. A pool's
-autoscaling bounds are pinned to the split's count: the budget leaves no GPU to scale onto,
-and the real policy still ticks in the loop (its decisions are traced, clamped).
+the replica counts and each pool's TP (num_gpus = TP: --prefill-tp, --decode-tp, colocated
+engines --tp), and each pool's engines step at their own TP's step time. Their KV cache: the
+config's kv_cache_memory_bytes where written, else (null or left out) what their GPUs leave
+after the weights at their TP (validate_gpu.py `kv_blocks`, vLLM's gpu_memory_utilization and an
+assumed reserve), so one config plans any budget. A pool's autoscaling bounds are pinned to the
+split's count: the budget leaves no GPU to scale onto, and the real policy still ticks in the
+loop (its decisions are traced, clamped). The console and the picture: plan_report.py.
 """
 
 from __future__ import annotations
 
 import argparse
+from dataclasses import dataclass
 from typing import Optional
 
 from cluster.config import ClusterConfig
@@ -25,13 +28,13 @@ from loadtest.sim.control_plane import from_benchmark
 from loadtest.sim.engine import EngineParams
 from loadtest.sim.network import LinkSpec
 from loadtest.sim.plan_cli import ATTAINMENT, MIX_MAX_REQUESTS, SEARCH_STEPS
-from loadtest.sim.plan_control import ACTS_THROUGH, best_run, line, need
-from loadtest.sim.plan_inputs import (GPU_BLOCK_SIZE, cluster_config, kinds, load, max_output, objectives, rates, step_choice, workload,
-                                      describe as describe_workload)
+from loadtest.sim.plan_control import ACTS_THROUGH, best_run, need
+from loadtest.sim.plan_inputs import (GPU_BLOCK_SIZE, accelerator, cluster_config, kinds, load, max_output, objectives,
+                                      rates, step_choice, tensor_parallel, workload, describe as describe_workload)
 from loadtest.sim.plan_search import Bisection, Search, capacity
-from loadtest.sim.plan_sizing import (GpuBudget, Split, auto_rates, capacity_rps, drain_s, fit_duration, recommend,
-                                      score, splits)
-from loadtest.sim.plan_step import describe
+from loadtest.sim.plan_sizing import (GpuBudget, Split, TensorParallel, auto_rates, capacity_rps, drain_s, fit_duration,
+                                      recommend, score, splits)
+from loadtest.sim.plan_step import StepChoice
 from loadtest.sim.pools import Hardware, engine_params
 from loadtest.sim.run import simulate_colocated, simulate_tandem
 from loadtest.sim.step_time import MODELS
@@ -56,55 +59,87 @@ def gpu_sized(pool: PoolConfig) -> bool:
     return e.kv_cache_memory_bytes is None or "kv_cache_memory_bytes" not in e.model_fields_set
 
 
-def _pool(pool: PoolConfig, replicas: int, tp: int, kv_bytes: Optional[int]) -> PoolConfig:
+def _pool(pool: PoolConfig, replicas: int, tp: int, kv_bytes: dict[int, Optional[int]]) -> PoolConfig:
     engine = pool.engine
     if gpu_sized(pool):
-        engine = engine.model_copy(update={"kv_cache_memory_bytes": kv_bytes})
+        engine = engine.model_copy(update={"kv_cache_memory_bytes": kv_bytes[tp]})
     update = {"replicas": replicas, "num_gpus": float(tp), "engine": engine}
     if pool.autoscaling is not None:
         update["autoscaling"] = pool.autoscaling.model_copy(update={"min_replicas": replicas, "max_replicas": replicas})
     return pool.model_copy(update=update)
 
 
-def sized_config(cfg: ClusterConfig, tier_name: str, split: Split, mode: str, kv_bytes: Optional[int]) -> ClusterConfig:
-    """The config with only the planned tier, its pools sized to the split, in `mode`."""
+def sized_config(cfg: ClusterConfig, tier_name: str, split: Split, mode: str,
+                 kv_bytes: dict[int, Optional[int]]) -> ClusterConfig:
+    """The config with only the planned tier, its pools sized to the split, in `mode`. `kv_bytes`:
+    an engine's KV cache by its TP (gpu_kv_bytes), for the pools the config leaves to the GPU."""
     tier = cfg.tiers[tier_name]
-    tier = tier.model_copy(update={"prefill": _pool(tier.prefill, split.prefill, split.tp, kv_bytes),
-                                   "decode": _pool(tier.decode, split.decode, split.tp, kv_bytes)})
+    tier = tier.model_copy(update={"prefill": _pool(tier.prefill, split.prefill, split.prefill_tp, kv_bytes),
+                                   "decode": _pool(tier.decode, split.decode, split.decode_tp, kv_bytes)})
     return cfg.model_copy(update={"tiers": {tier_name: tier}, "default_tier": tier_name,
                                   "routing": cfg.routing.model_copy(update={"disaggregation": mode})})
 
 
+@dataclass(frozen=True)
+class Role:
+    """One kind of engine in the candidates (colocated, prefill or decode): its step time and the
+    engine its pool's config makes, both at its TP."""
+
+    choice: StepChoice
+    params: EngineParams
+
+
+def _roles(args: argparse.Namespace, cfg: ClusterConfig, tier_name: str, budget: GpuBudget, tp: TensorParallel,
+           candidates: tuple[Split, ...], kv_bytes: dict[int, Optional[int]]) -> dict[str, Role]:
+    """Each kind of engine the candidates run, checked before any run: room for a KV cache at its
+    TP, and one that holds model.max_model_len (pools.engine_params). Colocated engines are the
+    decode pool's engine arguments at --tp; prefill and decode only where a split exists."""
+    tier = cfg.tiers[tier_name]
+    each = {"prefill": (tier.prefill, tp.prefill, candidates[-1]), "decode": (tier.decode, tp.decode, candidates[-1]),
+            "colocated": (tier.decode, tp.colocated, candidates[0])}
+    if len(candidates) == 1:  # no split fits: colocated alone
+        del each["prefill"], each["decode"]
+    shape = MODELS[args.model]
+    hw = Hardware(step_model=lambda t, r: None, kv_bytes_per_token=shape.kv_bytes_per_token,
+                  default_block_size=GPU_BLOCK_SIZE, link=LinkSpec(1.0, 0.0))
+    out = {}
+    for role, (pool, t, split) in each.items():
+        pool_role = "decode" if role == "colocated" else role
+        where = f"tiers.{tier_name}.{pool_role}" + (" as colocated engines" if role == "colocated" else "")
+        if gpu_sized(pool):
+            if not kv_bytes[t]:
+                raise SystemExit(f"{args.model} on TP{t} {budget.gpu} ({role} engines): no room for a KV cache after "
+                                 "the weights (or no weight size known: set engine.kv_cache_memory_bytes in the config)")
+            where += (f" (TP{t} on {budget.gpu}, its KV cache what the GPUs leave after the weights: a higher "
+                      f"{'--tp' if role == 'colocated' else f'--{role}-tp'} leaves more)")
+        sized = getattr(sized_config(cfg, tier_name, split, "never", kv_bytes).tiers[tier_name], pool_role)
+        out[role] = Role(step_choice(args, t), engine_params(sized, hw, cfg.model.max_model_len, where))
+    return out
+
+
 def run_sized(args: argparse.Namespace) -> dict:
-    budget = GpuBudget.parse(args.gpus)
     cfg = cluster_config(args)
     tier_name, tier = next(iter(cfg.tiers.items()))
-    choice = step_choice(args)
-    step = choice.model
-    shape = MODELS[args.model]
-    engines = budget.engines(args.tp)
-    if engines < 1:
-        raise SystemExit(f"--gpus {budget} holds no whole engine of TP{args.tp}")
-    kv_bytes = gpu_kv_bytes(budget.gpu, args.model, args.tp, args.gemm)
-    for pool in (tier.prefill, tier.decode):
-        if gpu_sized(pool) and not kv_bytes:
-            raise SystemExit(f"{args.model} on TP{args.tp} {budget.gpu}: no room for a KV cache after the weights "
-                             "(or no weight size known: set engine.kv_cache_memory_bytes in the config)")
+    accelerator(args)  # --gpus read, and checked against --accelerator, with a one-line error
+    budget = GpuBudget.parse(args.gpus)
+    tp = tensor_parallel(args)
     modes = [m for m in args.modes.split(",") if m]
     if not modes or any(m not in ("adaptive", "always") for m in modes):
         raise SystemExit(f"--modes: adaptive and/or always (colocated is run anyway), got {args.modes!r}")
-    candidates = splits(engines, args.tp, args.max_splits)
+    try:
+        candidates = splits(budget.count, tp, args.max_splits)
+    except ValueError as exc:
+        raise SystemExit(f"--gpus {budget}: {exc}") from None
+    kv_bytes = {t: gpu_kv_bytes(budget.gpu, args.model, t, args.gemm) for t in {tp.colocated, tp.prefill, tp.decode}}
+    roles = _roles(args, cfg, tier_name, budget, tp, candidates, kv_bytes)
+    engines = candidates[0].engines
+    shape = MODELS[args.model]
     wl = workload(args)
     mean, every = objectives(tier)
-    hw0 = Hardware(step_model=lambda t, r: step, kv_bytes_per_token=shape.kv_bytes_per_token,
-                   default_block_size=GPU_BLOCK_SIZE, link=LinkSpec(1.0, 0.0))
-    # Both pools' engines, checked before any run (a KV cache under max_model_len is refused);
-    # colocated engines are the decode pool's.
-    sized = sized_config(cfg, tier_name, candidates[0], "never", kv_bytes).tiers[tier_name]
-    params = {role: engine_params(getattr(sized, role), hw0, cfg.model.max_model_len, f"tiers.{tier_name}.{role}" + (
-        f" (TP{args.tp} on {budget.gpu}, its KV cache what the GPUs leave after the weights: a higher --tp leaves more)"
-        if gpu_sized(getattr(tier, role)) else "")) for role in ("prefill", "decode")}
-    colocated = params["decode"]
+    colocated = roles["colocated"].params
+    step = roles["colocated"].choice.model
+    # Each pool's engines step at their own TP's step time.
+    steps = {role: roles[role].choice.model for role in ("prefill", "decode") if role in roles}
     estimate = capacity_rps(step, kinds(wl), engines, colocated.max_num_batched_tokens, colocated.max_num_seqs)
     ladder = tuple(sorted(set(rates(args, wl, None) or auto_rates(estimate))))  # req/s of the mix, or replay speeds
     try:
@@ -155,7 +190,7 @@ def run_sized(args: argparse.Namespace) -> dict:
                     rows += [{**row, "bandwidth_gbps": bw} for bw in bandwidths]
                 else:
                     gbps, split, mode = key
-                    hw = Hardware(step_model=lambda t, r: step, kv_bytes_per_token=shape.kv_bytes_per_token,
+                    hw = Hardware(step_model=lambda t, r: steps[r], kv_bytes_per_token=shape.kv_bytes_per_token,
                                   default_block_size=GPU_BLOCK_SIZE,
                                   link=LinkSpec(gbps * 1e9 / 8, args.transfer_fixed_ms / 1000))
                     res = simulate_tandem(sized_config(cfg, tier_name, split, mode, kv_bytes), hw, tandem_cost,
@@ -171,16 +206,23 @@ def run_sized(args: argparse.Namespace) -> dict:
     rec["control_plane"] = control[rec["candidate"]]
     return {"label": LABEL, "what": f"tandem plan --gpus {budget}: simulated capacity under the SLO of every P:D split and colocated",
             "recommendation": rec,
-            "budget": {"gpus": budget.count, "gpu": budget.gpu, "tp": args.tp, "engines": engines,
-                       "idle_gpus": budget.count - engines * args.tp,
-                       "swept": [s.label for s in candidates], "modes": modes, "max_splits": args.max_splits},
-            "provenance": {"step_time": choice.provenance(),
+            "budget": {"gpus": budget.count, "gpu": budget.gpu,
+                       "tp": {"colocated": tp.colocated, "prefill": tp.prefill, "decode": tp.decode},
+                       "colocated_engines": engines, "swept": [s.label for s in candidates],
+                       "gpus_used": {s.label: s.gpus for s in candidates},
+                       "idle_gpus": {s.label: budget.count - s.gpus for s in candidates},
+                       "splits_are": "P prefill engines x prefill TP + D decode engines x decode TP GPUs within the "
+                                     "budget, where no further engine of either pool fits",
+                       "modes": modes, "max_splits": args.max_splits},
+            "provenance": {"step_time": {role: r.choice.provenance() for role, r in roles.items()},
                            "kv_link": {"bandwidths_gbps": args.bandwidths_gbps, "fixed_ms": args.transfer_fixed_ms},
                            "control_plane": {"tandem": tandem_cost.source, "colocated": vllm_cost.source,
                                              "cores": args.control_cores, "acts_through": ACTS_THROUGH},
-                           "kv_cache_bytes_per_engine": colocated.num_blocks * colocated.block_size * shape.kv_bytes_per_token,
-                           "kv_cache_from": "config" if not gpu_sized(tier.decode) else
-                           "GPU memory after weights (validate_gpu.py kv_blocks)",
+                           "kv_cache_bytes_per_engine": {role: r.params.num_blocks * r.params.block_size *
+                                                         shape.kv_bytes_per_token for role, r in roles.items()},
+                           "kv_cache_from": {role: "GPU memory after weights at its TP (validate_gpu.py kv_blocks)"
+                                             if gpu_sized(tier.prefill if role == "prefill" else tier.decode)
+                                             else "config" for role in roles},
                            "config": str(args.config), "tier": tier_name,
                            "estimated_capacity_rps": round(estimate, 2),
                            "capacity_note": "a rough estimate from the step time, only to place the search's ladder",
@@ -222,60 +264,3 @@ def _row(split: Split, mode: str, offered: Load, res, mean, every, spec: Search)
             "goodput_rps_max_gap": s["goodput_rps_max_gap"], "ttft_p90_ms": s["ttft"].get("p90_ms"),
             "mean_itl_p50_ms": s["mean_itl"].get("p50_ms"), "reasons": res.trace.reasons(),
             "control_plane": res.control}
-
-
-def report(result: dict) -> None:
-    rec, b = result["recommendation"], result["budget"]
-    print(f"{LABEL} plan for {b['gpus']}x{b['gpu']}, TP{b['tp']}: {b['engines']} engines"
-          + (f" ({b['idle_gpus']} GPUs idle)" if b["idle_gpus"] else "")
-          + f"; capacity search from the ladder {', '.join(f'{x:g}' for x in result['search']['ladder'])} "
-          + result["search"]["ladder_unit"]
-          + (f" {result['workload']['trace']['path']}" if "trace" in result["workload"] else ""))
-    print(f"recommended: {rec['reason']}")
-    sr = result["search"]
-    print(f"capacity, req/s: the highest offered load with >= {sr['attainment']:.0%} of requests within the SLO, "
-          f"within {sr['resolution']:g} ({sr['ladder_unit']}) unless marked '>=' (met at the top of the ladder); "
-          "per KV link Gbit/s:")
-    for c in rec["ranking"]:
-        cells = sorted(sr["capacity_rps"][c].items(), key=lambda kv: float(kv[0]))
-        print(f"  {c:<22} " + "  ".join(f"{bw:>5}: {'>=' if cap['failed_at_rps'] is None else '  '}"
-                                        f"{cap['capacity_rps']:7.2f}" for bw, cap in cells))
-    print(f"{sr['runs']} runs (at most {sr['max_runs_per_candidate_and_link']} per candidate and link: "
-          f"{len(sr['ladder'])} ladder loads + {sr['bisection_steps']} bisections)")
-    cp = result["provenance"]["control_plane"]
-    print(f"control-plane cores ({ACTS_THROUGH.split(':')[0]}; CPU per token: tandem {cp['tandem']}; "
-          f"colocated {cp['colocated']}):")
-    for c in rec["ranking"]:
-        print(f"  {c:<22} {line(result['control_plane_need'][c])}")
-    print(f"the recommended {rec['candidate']} needs {line(rec['control_plane'])}")
-
-
-def plot_sized(result: dict, path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    rec = result["recommendation"]
-    bandwidths = sorted({r["bandwidth_gbps"] for r in result["rows"]})
-    fig, axes = plt.subplots(1, len(bandwidths), figsize=(5.5 * len(bandwidths), 4.6), squeeze=False)
-    for ax, bw in zip(axes[0], bandwidths):
-        for c in rec["ranking"]:
-            rows = sorted((r for r in result["rows"] if r["bandwidth_gbps"] == bw and r["candidate"] == c),
-                          key=lambda r: r["rate_rps"])
-            style = dict(linewidth=3, color="black") if c == rec["candidate"] else dict(linewidth=1, alpha=0.8)
-            drawn = ax.plot([r["rate_rps"] for r in rows], [r["goodput_rps"] for r in rows], marker="o",
-                            label=c + (" (recommended)" if c == rec["candidate"] else ""), **style)
-            at = capacity(rows).run
-            if at is not None:  # the capacity: the search's last load that met the SLO
-                ax.plot([at["rate_rps"]], [at["goodput_rps"]], marker="*", markersize=14, color=drawn[0].get_color())
-        ax.set(title=f"KV link {bw:g} Gbit/s (*: capacity)", xlabel="offered load (req/s)",
-               ylabel="goodput under the SLO (req/s)")
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
-    b = result["budget"]
-    fig.suptitle(f"{LABEL}: not measured. {b['gpus']}x{b['gpu']}, TP{b['tp']}: recommended {rec['candidate']}\n"
-                 f"step time: {describe(result['provenance']['step_time'])}", fontsize=8, color="darkred", wrap=True)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)

@@ -1,11 +1,14 @@
 """`tandem plan --gpus 16xH200`: from a GPU budget to the deployments worth simulating, and from
 their simulated goodput to a recommendation. Pure: no simulation here (plan_gpus.py runs them).
 
-A budget of N GPUs with TP t per engine gives E = N // t whole engines (a remainder of GPUs
-stays idle and is reported). The candidates: E colocated engines (each does both phases: the
-"never disaggregate" deployment, vLLM's own), and every P:D split p + d = E with p, d >= 1 (at
-most `max_splits` of them, evenly spaced, when E is large), each run in tandem's modes.
-Every candidate uses every whole engine: a plan for a budget compares ways to spend it.
+A budget of N GPUs: colocated engines of TP t give E = N // t whole engines (a remainder of GPUs
+stays idle and is reported); prefill engines of TP a and decode engines of TP b (each t unless
+given) give every P:D split with p, d >= 1 and p*a + d*b <= N that no further engine of either
+pool fits beside (at most `max_splits` of them, evenly spaced, when there are many), each run in
+tandem's modes. With a == b that is every p + d = N // a. The candidates: the E colocated
+engines (each does both phases: the "never disaggregate" deployment, vLLM's own) and the
+splits. Every candidate spends the budget as fully as its TPs allow: a plan for a budget
+compares ways to spend it.
 """
 
 from __future__ import annotations
@@ -37,22 +40,51 @@ class GpuBudget:
             raise ValueError(f"--gpus: unknown GPU {m.group(2)!r}; known: {', '.join(sorted(ACCELERATORS))}")
         return cls(count, gpu)
 
-    def engines(self, tp: int) -> int:
-        if tp < 1:
-            raise ValueError(f"--tp must be >= 1, got {tp}")
-        return self.count // tp
-
     def __str__(self) -> str:
         return f"{self.count}x{self.gpu}"
 
 
 @dataclass(frozen=True)
+class TensorParallel:
+    """GPUs per engine: colocated engines' (--tp), and the prefill and decode pools' (--prefill-tp,
+    --decode-tp; plan_inputs.py defaults them to --tp where the arguments enter)."""
+
+    colocated: int
+    prefill: int
+    decode: int
+
+    def __post_init__(self) -> None:
+        for flag, tp in (("--tp", self.colocated), ("--prefill-tp", self.prefill), ("--decode-tp", self.decode)):
+            if tp < 1:
+                raise ValueError(f"{flag} must be >= 1, got {tp}")
+
+    @classmethod
+    def uniform(cls, tp: int) -> "TensorParallel":
+        return cls(tp, tp, tp)
+
+    @property
+    def mixed(self) -> bool:
+        return len({self.colocated, self.prefill, self.decode}) > 1
+
+    def __str__(self) -> str:
+        if not self.mixed:
+            return f"TP{self.colocated}"
+        return f"TP{self.colocated} colocated, prefill TP{self.prefill}, decode TP{self.decode}"
+
+
+@dataclass(frozen=True)
 class Split:
-    """A way to spend the engines: `prefill` 0 means colocated (`decode` engines doing both)."""
+    """A way to spend the budget: `prefill` 0 means colocated (`decode` engines doing both, of
+    `decode_tp` GPUs each; `prefill_tp` is then theirs too)."""
 
     prefill: int
     decode: int
-    tp: int
+    prefill_tp: int
+    decode_tp: int
+
+    @classmethod
+    def colocated_of(cls, engines: int, tp: int) -> "Split":
+        return cls(0, engines, tp, tp)
 
     @property
     def colocated(self) -> bool:
@@ -63,29 +95,54 @@ class Split:
         return self.prefill + self.decode
 
     @property
+    def gpus(self) -> int:
+        return self.prefill * self.prefill_tp + self.decode * self.decode_tp
+
+    @property
     def label(self) -> str:
         return f"colocated x{self.decode}" if self.colocated else f"{self.prefill}P:{self.decode}D"
 
+    @property
+    def tp(self) -> dict[str, int]:
+        """GPUs per engine, by role (the JSON's)."""
+        return {"colocated": self.decode_tp} if self.colocated else {"prefill": self.prefill_tp, "decode": self.decode_tp}
+
     def describe(self, gpu: str) -> str:
         if self.colocated:
-            return f"{self.decode} colocated engines of TP{self.tp} ({self.decode * self.tp} {gpu})"
-        return (f"{self.prefill} prefill + {self.decode} decode engines of TP{self.tp} "
-                f"({self.prefill * self.tp} + {self.decode * self.tp} {gpu})")
+            return f"{self.decode} colocated engines of TP{self.decode_tp} ({self.gpus} {gpu})"
+        if self.prefill_tp == self.decode_tp:
+            return (f"{self.prefill} prefill + {self.decode} decode engines of TP{self.decode_tp} "
+                    f"({self.prefill * self.prefill_tp} + {self.decode * self.decode_tp} {gpu})")
+        return (f"{self.prefill} prefill engines of TP{self.prefill_tp} + {self.decode} decode engines of "
+                f"TP{self.decode_tp} ({self.prefill * self.prefill_tp} + {self.decode * self.decode_tp} {gpu})")
 
 
-def splits(engines: int, tp: int, max_splits: int) -> tuple[Split, ...]:
-    """Colocated first, then P:D splits by growing prefill share; every one uses all `engines`."""
+def _maximal(gpus: int, a: int, b: int) -> list[tuple[int, int]]:
+    """(p, d), p and d >= 1, p*a + d*b <= gpus, where neither one more prefill nor one more
+    decode engine fits: by growing p."""
+    out = []
+    for p in range(1, (gpus - b) // a + 1):  # at least one decode engine beside
+        d = (gpus - p * a) // b
+        if (gpus - d * b) // a == p:  # no room for another prefill engine either
+            out.append((p, d))
+    return out
+
+
+def splits(gpus: int, tp: TensorParallel, max_splits: int) -> tuple[Split, ...]:
+    """Colocated first (gpus // tp.colocated engines), then the P:D splits by growing prefill
+    share, each spending the budget as fully as the two pools' TPs allow."""
+    engines = gpus // tp.colocated
     if engines < 1:
-        raise ValueError("the GPU budget holds no whole engine at this TP")
+        raise ValueError(f"{gpus} GPUs hold no whole engine of TP{tp.colocated}")
     if max_splits < 1:
         raise ValueError(f"--max-splits must be >= 1, got {max_splits}")
-    prefills = list(range(1, engines))
-    if len(prefills) > max_splits:
+    pairs = _maximal(gpus, tp.prefill, tp.decode)
+    if len(pairs) > max_splits:
         # Evenly spaced and both ends kept: the extremes are where a workload's phase share shows.
-        last = len(prefills) - 1
+        last = len(pairs) - 1
         picks = {round(i * last / (max_splits - 1)) for i in range(max_splits)} if max_splits > 1 else {0}
-        prefills = [prefills[i] for i in sorted(picks)]
-    return (Split(0, engines, tp),) + tuple(Split(p, engines - p, tp) for p in prefills)
+        pairs = [pairs[i] for i in sorted(picks)]
+    return (Split.colocated_of(engines, tp.colocated),) + tuple(Split(p, d, tp.prefill, tp.decode) for p, d in pairs)
 
 
 def capacity_rps(step: StepTimeModel, kinds: Sequence[tuple[float, int, int]], engines: int, budget: int,
@@ -197,7 +254,7 @@ def recommend(scored: Sequence[Scored], gpu: str, slo: str, close: float = 0.05)
         reason = "no candidate met the SLO at any load tried: " + reason
     return {"candidate": win.candidate, "mode": win.mode, "split": win.split.label, "prefill_engines": win.split.prefill,
             "decode_engines": win.split.decode, "colocated_engines": win.split.decode if win.split.colocated else 0,
-            "tp": win.split.tp, "gpus_used": win.split.engines * win.split.tp, "capacity_rps": win.worst,
+            "tp": win.split.tp, "gpus_used": win.split.gpus, "capacity_rps": win.worst,
             "holds_across_bandwidths": holds, "winner_by_bandwidth_gbps": {f"{bw:g}": c for bw, c in winners.items()},
             "margin_over_runner_up": None if margin is None else round(margin, 4), "reason": reason,
             "unbracketed": {s.candidate: list(s.unbracketed) for s in ranked if s.unbracketed},

@@ -127,5 +127,5 @@ def test_a_gpu_sized_kv_cache_under_max_model_len_says_a_higher_tp_leaves_more(t
     err = capsys.readouterr().err.strip()
     assert rc == 2 and "\n" not in err
     assert err.startswith("tiers.interactive.prefill (TP2 on H100, its KV cache what the GPUs leave after the weights: "
-                          "a higher --tp leaves more): its KV cache")
+                          "a higher --prefill-tp leaves more): its KV cache")
     assert "holds 9,424 tokens" in err and "model.max_model_len (16,384)" in err

@@ -43,8 +43,8 @@ def run(args: argparse.Namespace) -> dict:
         from loadtest.sim.plan_gpus import run_sized
 
         return run_sized(args)
-    search = [flag for flag, value in (("--search-steps", args.search_steps), ("--attainment", args.attainment))
-              if value is not None]
+    search = [flag for flag, value in (("--search-steps", args.search_steps), ("--attainment", args.attainment),
+                                       ("--seeds", args.seeds)) if value is not None]
     if search:
         raise SystemExit(f"{', '.join(search)}: the capacity search is --gpus's; without it the plan runs the --rates "
                          "loads as given: add --gpus COUNTxGPU, or drop " + ", ".join(search))

@@ -22,21 +22,21 @@ from typing import Optional
 
 from cluster.config import ClusterConfig
 from cluster.config.pools import PoolConfig
-from loadtest.bench.workload import Mix
+from loadtest.bench.workload import Mix, summarize
 from loadtest.sim import LABEL
 from loadtest.sim.control_plane import from_benchmark
 from loadtest.sim.engine import EngineParams
 from loadtest.sim.network import LinkSpec
-from loadtest.sim.plan_cli import ATTAINMENT, MIX_MAX_REQUESTS, SEARCH_STEPS
+from loadtest.sim.plan_cli import ATTAINMENT, MIX_MAX_REQUESTS, SEARCH_STEPS, SEEDS
 from loadtest.sim.plan_control import ACTS_THROUGH, best_run, need
 from loadtest.sim.plan_inputs import (GPU_BLOCK_SIZE, accelerator, cluster_config, kinds, load, max_output, objectives,
                                       rates, step_choice, tensor_parallel, workload, describe as describe_workload)
-from loadtest.sim.plan_search import Bisection, Search, capacity
+from loadtest.sim.plan_search import Bisection, Search, capacity, seed_capacities
 from loadtest.sim.plan_sizing import (GpuBudget, Split, TensorParallel, auto_rates, capacity_rps, drain_s, fit_duration,
                                       recommend, score, splits)
 from loadtest.sim.plan_step import StepChoice
 from loadtest.sim.pools import Hardware, engine_params
-from loadtest.sim.run import simulate_colocated, simulate_tandem
+from loadtest.sim.run import RunResult, simulate_colocated, simulate_tandem
 from loadtest.sim.step_time import MODELS
 from loadtest.sim.validate_gpu import EMBED_PARAMS, EngineDefaults, kv_blocks
 from loadtest.sim.workload_trace import Load
@@ -144,9 +144,10 @@ def run_sized(args: argparse.Namespace) -> dict:
     ladder = tuple(sorted(set(rates(args, wl, None) or auto_rates(estimate))))  # req/s of the mix, or replay speeds
     try:
         spec = Search(ladder, SEARCH_STEPS if args.search_steps is None else args.search_steps,
-                      ATTAINMENT if args.attainment is None else args.attainment)
+                      ATTAINMENT if args.attainment is None else args.attainment, SEEDS if args.seeds is None else args.seeds)
     except ValueError as exc:
         raise SystemExit(str(exc)) from None
+    seeds = tuple(range(args.seed, args.seed + spec.seeds))
     bandwidths = [float(x) for x in args.bandwidths_gbps.split(",")]
     tandem_cost, vllm_cost = from_benchmark("tandem"), from_benchmark("vllm")
     # Colocated engines pull no KV: one search serves every bandwidth's comparison.
@@ -154,19 +155,21 @@ def run_sized(args: argparse.Namespace) -> dict:
     # The most one search can offer: the ladder, then bisections, each below its highest load.
     bound = ladder + (ladder[-1],) * spec.steps
     max_requests = MIX_MAX_REQUESTS if args.max_requests is None else args.max_requests
+    runs_per_load = len(keys) * spec.seeds
     if isinstance(wl, Mix):
         duration = args.duration if args.duration is not None else \
-            fit_duration(DEFAULT_DURATION_S, bound, len(keys), max_requests, max(4.0, 4 * tier.slo.ttft_s))
-        requests = round(sum(bound) * duration * len(keys))
+            fit_duration(DEFAULT_DURATION_S, bound, runs_per_load, max_requests, max(4.0, 4 * tier.slo.ttft_s))
+        requests = round(sum(bound) * duration * runs_per_load)
     else:  # the trace is the load: --max-requests does not shorten it
         duration = wl.span_s
-        requests = len(wl.requests) * len(bound) * len(keys)
+        requests = len(wl.requests) * len(bound) * runs_per_load
     # The wall time follows the simulated requests: say it first. ~360 per CPU-second, drains
     # included, measured for the 16xH200 70B example on a 2-core VM (25,460 in 70 s): a rough guide.
     each = f"{duration:.3g} s" + ("" if isinstance(wl, Mix) else " at speed 1")
     print(f"{LABEL}: at most {len(keys) * spec.max_runs} runs of {each}, ~{requests:,} simulated requests at most "
           f"(colocated + {len(candidates) - 1} P:D splits x {len(modes)} modes x {len(bandwidths)} KV links, each a "
-          f"capacity search of {len(ladder)} loads + {spec.steps} bisections at most); roughly "
+          f"capacity search of {len(ladder)} loads + {spec.steps} bisections at most"
+          + (f", each load x {spec.seeds} seeds" if spec.seeds > 1 else "") + "); roughly "
           f"{max(requests / 360 / 60, 0.1):.1f} min at most", flush=True)
     searches = {key: Bisection(spec) for key in keys}
     rows, drains = [], {}
@@ -180,27 +183,32 @@ def run_sized(args: argparse.Namespace) -> dict:
         if not pending:
             break
         for x in sorted(pending):
-            offered = load(wl, x, duration, args.seed)
-            drain = drains[offered.rate_rps] = drain_s(offered.duration_s, tier.slo.ttft_s, tier.slo.itl_s, max_output(wl))
+            offered = [load(wl, x, duration, seed) for seed in seeds]  # one trace per seed
+            drain = drains[offered[0].rate_rps] = drain_s(offered[0].duration_s, tier.slo.ttft_s, tier.slo.itl_s,
+                                                           max_output(wl))
             for key in pending[x]:
                 if key is None:
-                    res = simulate_colocated(engines, colocated, step, vllm_cost, offered.schedule, drain_timeout_s=drain,
-                                             control_cores=args.control_cores, shares_engine_cores=None)
-                    row = _row(candidates[0], "colocated", offered, res, mean, every, spec)
+                    runs = [simulate_colocated(engines, colocated, step, vllm_cost, o.schedule, drain_timeout_s=drain,
+                                               control_cores=args.control_cores, shares_engine_cores=None)
+                            for o in offered]
+                    row = pooled_row(candidates[0], "colocated", offered, runs, seeds, mean, every, spec)
                     rows += [{**row, "bandwidth_gbps": bw} for bw in bandwidths]
                 else:
                     gbps, split, mode = key
                     hw = Hardware(step_model=lambda t, r: steps[r], kv_bytes_per_token=shape.kv_bytes_per_token,
                                   default_block_size=GPU_BLOCK_SIZE,
                                   link=LinkSpec(gbps * 1e9 / 8, args.transfer_fixed_ms / 1000))
-                    res = simulate_tandem(sized_config(cfg, tier_name, split, mode, kv_bytes), hw, tandem_cost,
-                                          offered.schedule, seed=args.seed, drain_timeout_s=drain,
-                                          control_cores=args.control_cores, shares_engine_cores=None, tier=tier_name)
-                    row = {**_row(split, mode, offered, res, mean, every, spec), "bandwidth_gbps": gbps}
+                    sized = sized_config(cfg, tier_name, split, mode, kv_bytes)
+                    runs = [simulate_tandem(sized, hw, tandem_cost, o.schedule, seed=seed, drain_timeout_s=drain,
+                                            control_cores=args.control_cores, shares_engine_cores=None, tier=tier_name)
+                            for seed, o in zip(seeds, offered)]
+                    row = {**pooled_row(split, mode, offered, runs, seeds, mean, every, spec), "bandwidth_gbps": gbps}
                     rows.append(row)
                 searches[key].add(x, row)
     slo = f">= {spec.attainment:.0%} of requests within TTFT {mean.ttft_ms:g} ms, mean ITL {mean.mean_itl_ms:g} ms"
     rec = recommend(score(rows, {s.label: s for s in candidates}), budget.gpu, slo)
+    loads_run = len({(r["candidate"], r["bandwidth_gbps"], r["rate_rps"]) for r in rows
+                     if r["mode"] != "colocated" or r["bandwidth_gbps"] == bandwidths[0]})  # colocated: once
     by_candidate = {c: [r for r in rows if r["candidate"] == c] for c in rec["ranking"]}
     control = {c: need(rs, args.control_cores, best_run(rs)) for c, rs in by_candidate.items()}
     rec["control_plane"] = control[rec["candidate"]]
@@ -229,7 +237,7 @@ def run_sized(args: argparse.Namespace) -> dict:
                            "score": "per candidate: its capacity (plan_search.py: the highest offered load that meets "
                                     "the SLO criterion), least over the bandwidths"},
             "workload": {**describe_workload(wl), "rates_rps": sorted({r["rate_rps"] for r in rows}),
-                         "duration_s": duration, "seed": args.seed,
+                         "duration_s": duration, "seeds": list(seeds),
                          "drain_s": drain if len(set(drains.values())) == 1 else {f"{r:g}": d for r, d in drains.items()},
                          "simulated_requests": requests,
                          "duration_from": "the trace (its last arrival)" if not isinstance(wl, Mix) else
@@ -238,8 +246,7 @@ def run_sized(args: argparse.Namespace) -> dict:
                          f"the default {DEFAULT_DURATION_S:g} s shortened to fit --max-requests {max_requests}"},
             "objectives": {"ttft_ms": mean.ttft_ms, "mean_itl_ms": mean.mean_itl_ms, "max_gap_ms": every.max_gap_ms},
             "search": {**spec.describe("replay speeds of the trace" if not isinstance(wl, Mix) else "req/s of the mix"),
-                       "runs": len({(r["candidate"], r["bandwidth_gbps"], r["rate_rps"]) for r in rows
-                                    if r["mode"] != "colocated" or r["bandwidth_gbps"] == bandwidths[0]}),
+                       "loads_run": loads_run, "runs": loads_run * spec.seeds,
                        "capacity_rps": _capacities(rows)},
             "control_plane_need": control,
             "rows": rows}
@@ -247,20 +254,51 @@ def run_sized(args: argparse.Namespace) -> dict:
 
 def _capacities(rows: list[dict]) -> dict:
     """Per candidate and KV link (Gbit/s): its capacity, the lowest load that failed (None: every
-    load met, not bracketed) and the loads run."""
+    load met, not bracketed) and the loads run; with several seeds each seed's own capacity at
+    those loads and their spread."""
     out: dict[str, dict] = {}
     for r in rows:
         out.setdefault(r["candidate"], {}).setdefault(f"{r['bandwidth_gbps']:g}", []).append(r)
-    return {c: {bw: {"capacity_rps": (cap := capacity(rs)).rate_rps, "failed_at_rps": cap.failed_rps,
-                     "loads_run_rps": [r["rate_rps"] for r in rs]} for bw, rs in by_bw.items()}
-            for c, by_bw in out.items()}
+    table: dict[str, dict] = {}
+    for c, by_bw in out.items():
+        for bw, rs in by_bw.items():
+            cap = capacity(rs)
+            cell = {"capacity_rps": cap.rate_rps, "failed_at_rps": cap.failed_rps,
+                    "loads_run_rps": [r["rate_rps"] for r in rs]}
+            per_seed = [s.rate_rps for s in seed_capacities(rs)]
+            if per_seed:
+                cell.update(by_seed=per_seed, spread_rps=round(max(per_seed) - min(per_seed), 4))
+            table.setdefault(c, {})[bw] = cell
+    return table
 
 
-def _row(split: Split, mode: str, offered: Load, res, mean, every, spec: Search) -> dict:
-    s = res.summary(mean, every, offered.duration_s, split.engines)
-    return {"candidate": split.label if split.colocated else f"{mode} {split.label}", "split": split.label,
-            "mode": mode, "rate_rps": offered.rate_rps, "replay_speed": offered.speed,
-            "slo_attainment": s["slo_attainment"], "meets": spec.meets(s["slo_attainment"]), "goodput_rps": s["goodput_rps"],
-            "goodput_rps_max_gap": s["goodput_rps_max_gap"], "ttft_p90_ms": s["ttft"].get("p90_ms"),
-            "mean_itl_p50_ms": s["mean_itl"].get("p50_ms"), "reasons": res.trace.reasons(),
-            "control_plane": res.control}
+def pooled_row(split: Split, mode: str, offered: list[Load], runs: list[RunResult], seeds: tuple[int, ...], mean, every,
+               spec: Search) -> dict:
+    """One load's row from its runs, one per seed: attainment, goodput and latencies over all
+    their requests pooled (goodput: met requests over the seeds' windows, the mean of the seeds'
+    goodputs); the decisions summed; the control plane of the seed that needed the most cores.
+    With several seeds, each seed's figures and their spread beside."""
+    records = [rec for res in runs for rec in res.records]
+    window = sum(o.duration_s for o in offered)
+    s = summarize(records, mean, window, max(res.span_s for res in runs), split.engines)
+    reasons: dict[str, int] = {}
+    for res in runs:
+        for k, n in res.trace.reasons().items():
+            reasons[k] = reasons.get(k, 0) + n
+    busiest = max(range(len(runs)), key=lambda i: runs[i].control["peak_cores_1s"])  # ties: the first seed
+    row = {"candidate": split.label if split.colocated else f"{mode} {split.label}", "split": split.label,
+           "mode": mode, "rate_rps": offered[0].rate_rps, "replay_speed": offered[0].speed,
+           "slo_attainment": s["slo_attainment"], "meets": spec.meets(s["slo_attainment"]), "goodput_rps": s["goodput_rps"],
+           "goodput_rps_max_gap": round(sum(every.met_by(r) for r in records) / window, 4),
+           "ttft_p90_ms": s["ttft"].get("p90_ms"), "mean_itl_p50_ms": s["mean_itl"].get("p50_ms"),
+           "reasons": dict(sorted(reasons.items())), "control_plane": runs[busiest].control}
+    if len(runs) == 1:
+        return row
+    per = [res.summary(mean, every, o.duration_s, split.engines) for res, o in zip(runs, offered)]
+    by_seed = [{"seed": seed, "requests": p["requests"], "met_slo": p["met_slo"], "slo_attainment": p["slo_attainment"],
+                "meets": spec.meets(p["slo_attainment"]), "goodput_rps": p["goodput_rps"],
+                "peak_cores_1s": res.control["peak_cores_1s"]} for seed, p, res in zip(seeds, per, runs)]
+    att = [b["slo_attainment"] for b in by_seed if b["slo_attainment"] is not None]
+    return {**row, "by_seed": by_seed, "control_plane_seed": seeds[busiest],
+            "spread": {"slo_attainment": round(max(att) - min(att), 4) if att else None,
+                       "goodput_rps": round(max(b["goodput_rps"] for b in by_seed) - min(b["goodput_rps"] for b in by_seed), 4)}}

@@ -41,21 +41,29 @@ def report(result: dict) -> None:
           + (f" {result['workload']['trace']['path']}" if "trace" in result["workload"] else ""))
     print(f"recommended: {rec['reason']}")
     sr = result["search"]
-    print(f"capacity, req/s: the highest offered load with >= {sr['attainment']:.0%} of requests within the SLO, "
-          f"within {sr['resolution']:g} ({sr['ladder_unit']}) unless marked '>=' (met at the top of the ladder); "
-          "per KV link Gbit/s:")
+    seeds = sr["seeds"]
+    pooled = f" of its {seeds} seeds' requests pooled" if seeds > 1 else " of requests"
+    print(f"capacity, req/s: the highest offered load with >= {sr['attainment']:.0%}{pooled} within the SLO, "
+          f"within {sr['resolution']:g} ({sr['ladder_unit']}) unless marked '>=' (met at the top of the ladder)"
+          + ("; [each seed's own, lowest-highest]" if seeds > 1 else "") + "; per KV link Gbit/s:")
     for c in rec["ranking"]:
         cells = sorted(sr["capacity_rps"][c].items(), key=lambda kv: float(kv[0]))
         print(f"  {c:<22} " + "  ".join(f"{bw:>5}: {'>=' if cap['failed_at_rps'] is None else '  '}"
-                                        f"{cap['capacity_rps']:7.2f}" for bw, cap in cells))
+                                        f"{cap['capacity_rps']:7.2f}" + _seed_range(cap) for bw, cap in cells))
     print(f"{sr['runs']} runs (at most {sr['max_runs_per_candidate_and_link']} per candidate and link: "
-          f"{len(sr['ladder'])} ladder loads + {sr['bisection_steps']} bisections)")
+          f"({len(sr['ladder'])} ladder loads + {sr['bisection_steps']} bisections) x {seeds} seed{'s' * (seeds > 1)})")
     cp = result["provenance"]["control_plane"]
     print(f"control-plane cores ({ACTS_THROUGH.split(':')[0]}; CPU per token: tandem {cp['tandem']}; "
           f"colocated {cp['colocated']}):")
     for c in rec["ranking"]:
         print(f"  {c:<22} {line(result['control_plane_need'][c])}")
     print(f"the recommended {rec['candidate']} needs {line(rec['control_plane'])}")
+
+
+def _seed_range(cap: dict) -> str:
+    if "by_seed" not in cap:
+        return ""
+    return f" [{min(cap['by_seed']):.2f}-{max(cap['by_seed']):.2f}]"
 
 
 def plot_sized(result: dict, path) -> None:
@@ -74,11 +82,17 @@ def plot_sized(result: dict, path) -> None:
             style = dict(linewidth=3, color="black") if c == rec["candidate"] else dict(linewidth=1, alpha=0.8)
             drawn = ax.plot([r["rate_rps"] for r in rows], [r["goodput_rps"] for r in rows], marker="o",
                             label=c + (" (recommended)" if c == rec["candidate"] else ""), **style)
+            if rows and "by_seed" in rows[0]:  # the seeds' lowest to highest goodput at each load
+                ax.fill_between([r["rate_rps"] for r in rows], [min(b["goodput_rps"] for b in r["by_seed"]) for r in rows],
+                                [max(b["goodput_rps"] for b in r["by_seed"]) for r in rows], alpha=0.15,
+                                color=drawn[0].get_color(), linewidth=0)
             at = capacity(rows).run
             if at is not None:  # the capacity: the search's last load that met the SLO
                 ax.plot([at["rate_rps"]], [at["goodput_rps"]], marker="*", markersize=14, color=drawn[0].get_color())
-        ax.set(title=f"KV link {bw:g} Gbit/s (*: capacity)", xlabel="offered load (req/s)",
-               ylabel="goodput under the SLO (req/s)")
+        seeds = result["search"]["seeds"]
+        ax.set(title=f"KV link {bw:g} Gbit/s (*: capacity" + (f"; band: {seeds} seeds' range)" if seeds > 1 else ")"),
+               xlabel="offered load (req/s)",
+               ylabel="goodput under the SLO (req/s)" + (f", {seeds} seeds pooled" if seeds > 1 else ""))
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
     b = result["budget"]

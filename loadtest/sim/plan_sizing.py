@@ -17,7 +17,7 @@ import re
 from dataclasses import dataclass
 from typing import Iterable, Optional, Sequence
 
-from loadtest.sim.plan_search import capacity
+from loadtest.sim.plan_search import capacity, seed_capacities
 from loadtest.sim.step_time import ACCELERATORS, StepShape, StepTimeModel
 
 _GPUS = re.compile(r"^\s*(\d+)\s*[x×*]\s*([A-Za-z0-9_-]+)\s*$", re.IGNORECASE)
@@ -195,6 +195,7 @@ class Scored:
     mode: str  # "colocated" | a disaggregation mode
     capacity_by_bandwidth: tuple[tuple[float, float], ...]  # (Gbit/s, req/s)
     unbracketed: tuple[float, ...] = ()  # bandwidths where it met the SLO at every load run: at least that
+    by_seed: tuple[float, ...] = ()  # with several seeds: each seed's own score (plan_search.seed_capacities)
 
     @property
     def worst(self) -> float:
@@ -205,9 +206,16 @@ class Scored:
     def mean(self) -> float:
         return sum(c for _, c in self.capacity_by_bandwidth) / len(self.capacity_by_bandwidth)
 
+    @property
+    def spread(self) -> float:
+        """Its seeds' scores, highest less lowest (0 with one seed: nothing measured)."""
+        return max(self.by_seed) - min(self.by_seed) if self.by_seed else 0.0
+
 
 def score(rows: Sequence[dict], splits_by_label: dict[str, Split]) -> list[Scored]:
-    """rows: {candidate, split, mode, bandwidth_gbps, rate_rps, meets}; candidates in first-seen order."""
+    """rows: {candidate, split, mode, bandwidth_gbps, rate_rps, meets[, by_seed: [{meets}]]};
+    candidates in first-seen order. Each seed's score is its own capacity (at the loads run),
+    least over the bandwidths, as the pooled score is."""
     groups: dict[str, dict[float, list[dict]]] = {}  # candidate → bandwidth → its runs
     for r in rows:
         groups.setdefault(r["candidate"], {}).setdefault(r["bandwidth_gbps"], []).append(r)
@@ -215,17 +223,40 @@ def score(rows: Sequence[dict], splits_by_label: dict[str, Split]) -> list[Score
     for c, by_bw in groups.items():
         first = next(iter(by_bw.values()))[0]
         caps = {bw: capacity(rs) for bw, rs in by_bw.items()}
+        per_seed = [[cap.rate_rps for cap in seed_capacities(rs)] for rs in by_bw.values()]
         out.append(Scored(c, splits_by_label[first["split"]], first["mode"],
                           tuple(sorted((bw, cap.rate_rps) for bw, cap in caps.items())),
-                          tuple(sorted(bw for bw, cap in caps.items() if not cap.bracketed))))
+                          tuple(sorted(bw for bw, cap in caps.items() if not cap.bracketed)),
+                          tuple(min(seed) for seed in zip(*per_seed))))
     return out
+
+
+def noise(win: Scored, runner: Optional[Scored], close: float) -> dict:
+    """Whether the winner's margin over the runner-up is noise. With several seeds, measured: the
+    margin (req/s) is noise when it is no more than the wider of the two candidates' spreads
+    over the seeds (highest seed's score less lowest). With one seed nothing is measured: a
+    margin under `close` of the winner's capacity is called noise, a fixed estimate."""
+    seeds = len(win.by_seed) or 1
+    out: dict = {"seeds": seeds}
+    if seeds > 1:
+        out["estimate"] = ("measured: the wider of the winner's and the runner-up's spreads over the seeds (each "
+                           "seed's own capacity at the worst link, highest less lowest); a margin no more than it is noise")
+    else:
+        out["estimate"] = (f"fixed: {close:.0%} of the winner's capacity (one seed measures no spread; --seeds 2 or "
+                           "more measures it)")
+    if runner is None or win.worst <= 0:
+        return {**out, "margin_rps": None, "noise_rps": None, "within_noise": None}
+    margin = win.worst - runner.worst
+    level = max(win.spread, runner.spread) if seeds > 1 else close * win.worst
+    within = margin <= level if seeds > 1 else margin / win.worst < close
+    return {**out, "margin_rps": round(margin, 4), "noise_rps": round(level, 4), "within_noise": within}
 
 
 def recommend(scored: Sequence[Scored], gpu: str, slo: str, close: float = 0.05) -> dict:
     """The candidate with the highest worst-case capacity (ties: the higher mean, then the first
-    swept: colocated before any split), why, and the runners-up. `close`: a margin under this
-    share of the winner's capacity is said to be within the noise of one seeded trace. `slo`:
-    the criterion, in words."""
+    swept: colocated before any split), why, and the runners-up. Whether its margin is noise:
+    `noise` (several seeds: their spread; one: `close`, a share of the winner's capacity).
+    `slo`: the criterion, in words."""
     if not scored:
         raise ValueError("nothing was simulated")
     ranked = sorted(scored, key=lambda s: (-s.worst, -s.mean))  # stable: sweep order breaks exact ties
@@ -238,10 +269,14 @@ def recommend(scored: Sequence[Scored], gpu: str, slo: str, close: float = 0.05)
     margin = (win.worst - runner.worst) / win.worst if runner and win.worst > 0 else None
     reason = (f"{win.candidate} ({win.split.describe(gpu)}): the highest capacity under the SLO ({slo}) at the worst "
               f"swept KV link, {win.worst:.2f} req/s")
+    told = noise(win, runner, close)
     if runner is not None:
         reason += f"; runner-up {runner.candidate} {runner.worst:.2f} req/s"
-        if margin is not None:
-            reason += f" ({margin:.1%} lower{': within the noise of one seeded trace' if margin < close else ''})"
+        if margin is not None and told["seeds"] > 1:
+            reason += (f" ({margin:.1%} lower; their scores over {told['seeds']} seeds spread up to "
+                       f"{told['noise_rps']:.2f} req/s{': within it, noise' if told['within_noise'] else ''})")
+        elif margin is not None:
+            reason += f" ({margin:.1%} lower{': within the noise of one seeded trace' if told['within_noise'] else ''})"
     reason += ("; the same winner at every swept bandwidth" if holds else
                "; the winner changes with the KV bandwidth: " + ", ".join(f"{bw:g} Gbit/s {c}" for bw, c in winners.items()))
     open_top = [s for s in ranked[:4] if s.unbracketed]
@@ -256,8 +291,9 @@ def recommend(scored: Sequence[Scored], gpu: str, slo: str, close: float = 0.05)
             "decode_engines": win.split.decode, "colocated_engines": win.split.decode if win.split.colocated else 0,
             "tp": win.split.tp, "gpus_used": win.split.gpus, "capacity_rps": win.worst,
             "holds_across_bandwidths": holds, "winner_by_bandwidth_gbps": {f"{bw:g}": c for bw, c in winners.items()},
-            "margin_over_runner_up": None if margin is None else round(margin, 4), "reason": reason,
+            "margin_over_runner_up": None if margin is None else round(margin, 4), "noise": told, "reason": reason,
             "unbracketed": {s.candidate: list(s.unbracketed) for s in ranked if s.unbracketed},
             "runners_up": [{"candidate": s.candidate, "capacity_rps": s.worst, "mean_over_bandwidths_rps": round(s.mean, 4)}
                            for s in ranked[1:4]],
+            "capacity_by_seed_rps": {s.candidate: list(s.by_seed) for s in ranked if s.by_seed},
             "ranking": [s.candidate for s in ranked]}

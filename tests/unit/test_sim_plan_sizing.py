@@ -172,9 +172,45 @@ def test_recommend_ties_go_to_the_higher_mean_then_the_first_swept():
     assert score(_rows({"colocated": {10: [1, 0, 1]}}), SPLITS)[0].worst == 1
 
 
+def _seeded(table: dict) -> list[dict]:
+    """{candidate: [per load 1, 2, 3: (pooled meets, each seed's meets)]} at one link → plan rows."""
+    rows = []
+    for cand, loads in table.items():
+        split = cand.split()[-1] if " " in cand else cand
+        mode = cand.split()[0] if " " in cand else "colocated"
+        rows += [{"candidate": cand, "split": split, "mode": mode, "bandwidth_gbps": 10, "rate_rps": rate, "meets": met,
+                  "by_seed": [{"meets": m} for m in seeds]} for rate, (met, seeds) in zip((1.0, 2.0, 3.0), loads)]
+    return rows
+
+
+def test_with_seeds_a_margin_within_their_spread_is_noise_and_one_beyond_it_is_not():
+    # Pooled: colocated 2, adaptive 1. Seeds: colocated 2 / 3 (it met 3 on the second seed),
+    # adaptive 1 / 2: spreads of 1 req/s each, the margin 1 req/s: within it.
+    rows = _seeded({"colocated": [(1, (1, 1)), (1, (1, 1)), (0, (0, 1))],
+                    "adaptive 1P:1D": [(1, (1, 1)), (0, (0, 1)), (0, (0, 0))]})
+    scored = score(rows, SPLITS)
+    assert [s.by_seed for s in scored] == [(2.0, 3.0), (1.0, 2.0)] and scored[0].spread == 1.0
+    rec = recommend(scored, "H200", "slo")
+    assert rec["candidate"] == "colocated" and rec["capacity_by_seed_rps"] == {"colocated": [2.0, 3.0],
+                                                                                "adaptive 1P:1D": [1.0, 2.0]}
+    assert rec["noise"]["seeds"] == 2 and rec["noise"]["estimate"].startswith("measured")
+    assert (rec["noise"]["margin_rps"], rec["noise"]["noise_rps"], rec["noise"]["within_noise"]) == (1.0, 1.0, True)
+    assert "spread up to 1.00 req/s: within it, noise" in rec["reason"]
+    # The seeds agree: no spread, so a 50% margin is not noise (one seed's fixed 5% would agree here,
+    # but from a rule, not a measurement).
+    agree = _seeded({"colocated": [(1, (1, 1)), (1, (1, 1)), (0, (0, 0))],
+                     "adaptive 1P:1D": [(1, (1, 1)), (0, (0, 0)), (0, (0, 0))]})
+    rec = recommend(score(agree, SPLITS), "H200", "slo")
+    assert rec["noise"]["within_noise"] is False and rec["noise"]["noise_rps"] == 0 and "noise" not in rec["reason"]
+    # One seed: the fixed 5%, said so.
+    one = recommend(score(_rows({"colocated": {10: [1, 1, 0]}, "adaptive 1P:1D": {10: [1, 0, 0]}}), SPLITS), "H200", "s")
+    assert one["noise"]["seeds"] == 1 and one["noise"]["estimate"].startswith("fixed: 5%")
+    assert one["noise"]["within_noise"] is False and one["capacity_by_seed_rps"] == {}
+
+
 def test_the_search_brackets_a_threshold_within_its_stated_resolution_and_run_bound():
-    spec = Search((4.0, 7.0, 10.0, 13.0), steps=3, attainment=0.9)
-    assert spec.max_runs == 7 and spec.resolution == pytest.approx(4.0 / 8)
+    spec = Search((4.0, 7.0, 10.0, 13.0), steps=3, attainment=0.9, seeds=1)
+    assert spec.max_runs == spec.max_loads == 7 and spec.resolution == pytest.approx(4.0 / 8)
     for threshold in (0.3, 2.2, 5.05, 8.6, 12.9):
         runs = search(spec, lambda x: {"rate_rps": x, "meets": x <= threshold})
         cap = capacity(runs)
@@ -187,9 +223,14 @@ def test_the_search_brackets_a_threshold_within_its_stated_resolution_and_run_bo
     assert capacity(never).rate_rps == 0 and [r["rate_rps"] for r in never] == [4.0, 2.0, 1.0, 0.5]
     assert spec.meets(0.9) and not spec.meets(0.89) and not spec.meets(None)
     with pytest.raises(ValueError, match="--attainment"):
-        Search((1.0,), 3, 1.5)
+        Search((1.0,), 3, 1.5, 1)
     with pytest.raises(ValueError, match="ascending"):
-        Search((2.0, 1.0), 3, 0.9)
+        Search((2.0, 1.0), 3, 0.9, 1)
+    with pytest.raises(ValueError, match="--seeds must be >= 1"):
+        Search((1.0,), 3, 0.9, 0)
+    # Each load once per seed: the bound on runs is the bound on loads times the seeds.
+    three = Search((4.0, 7.0, 10.0, 13.0), 3, 0.9, 3)
+    assert (three.max_loads, three.max_runs) == (7, 21) and three.describe("req/s")["max_runs_per_candidate_and_link"] == 21
 
 
 def test_plan_with_a_gpu_budget_recommends_the_highest_searched_capacity(tmp_path, capsys):
@@ -256,6 +297,39 @@ def test_plan_with_a_prefill_and_a_decode_tp_sizes_steps_and_names_each_pool(tmp
     assert "step time: decode engines: AIConfigurator" in out and "llama-3.1-70b on H200 TP4" in out
 
 
+def test_plan_with_seeds_pools_each_loads_requests_and_states_their_spread(tmp_path, capsys):
+    argv = ["plan", "--config", str(CONFIGS / "gpu-70b.yaml"), "--gpus", "8xH200", "--model", "llama-3.1-70b",
+            "--tp", "4", "--rates", "4,12", "--search-steps", "2", "--duration", "3", "--bandwidths-gbps", "25",
+            "--modes", "always", "--seeds", "3", "--out", str(tmp_path)]
+    assert main(argv) == 0
+    result = json.loads((tmp_path / "plan.json").read_text())
+    sr = result["search"]
+    assert (sr["seeds"], sr["max_loads_per_candidate_and_link"], sr["max_runs_per_candidate_and_link"]) == (3, 4, 12)
+    assert result["workload"]["seeds"] == [0, 1, 2] and sr["runs"] == 3 * sr["loads_run"]
+    for r in result["rows"]:
+        seeds = r["by_seed"]
+        assert [b["seed"] for b in seeds] == [0, 1, 2]
+        # Pooled: every seed's requests at once; goodput the met ones over the three windows.
+        assert r["slo_attainment"] == round(sum(b["met_slo"] for b in seeds) / sum(b["requests"] for b in seeds), 4)
+        assert r["meets"] == (r["slo_attainment"] >= 0.9)
+        assert r["goodput_rps"] == pytest.approx(sum(b["goodput_rps"] for b in seeds) / 3, abs=1e-3)
+        assert r["spread"]["goodput_rps"] == pytest.approx(max(b["goodput_rps"] for b in seeds) -
+                                                           min(b["goodput_rps"] for b in seeds), abs=1e-4)
+        assert r["control_plane"]["peak_cores_1s"] == max(b["peak_cores_1s"] for b in seeds)
+    assert len({b["requests"] for r in result["rows"] for b in r["by_seed"]}) > 1  # the seeds' arrivals differ
+    rec = result["recommendation"]
+    for c, per_bw in sr["capacity_rps"].items():
+        cell = per_bw["25"]
+        assert len(cell["by_seed"]) == 3 and cell["spread_rps"] == max(cell["by_seed"]) - min(cell["by_seed"])
+        assert rec["capacity_by_seed_rps"][c] == cell["by_seed"]  # one link: each seed's score is its capacity
+    noise = rec["noise"]
+    assert noise["seeds"] == 3 and noise["estimate"].startswith("measured")
+    spreads = [sr["capacity_rps"][c]["25"]["spread_rps"] for c in rec["ranking"][:2]]
+    assert noise["noise_rps"] == max(spreads) and noise["within_noise"] == (noise["margin_rps"] <= max(spreads))
+    out = capsys.readouterr().out
+    assert "x 3 seeds" in out and "of its 3 seeds' requests pooled" in out
+
+
 def test_the_pool_tp_flags_need_a_gpu_budget(tmp_path):
     with pytest.raises(SystemExit, match="--decode-tp: a pool's own TP is --gpus's"):
         main(["plan", "--config", str(CONFIGS / "gpu-example.yaml"), "--decode-tp", "2", "--out", str(tmp_path)])
@@ -264,3 +338,8 @@ def test_the_pool_tp_flags_need_a_gpu_budget(tmp_path):
 def test_the_search_flags_need_a_gpu_budget(tmp_path):
     with pytest.raises(SystemExit, match="--search-steps: the capacity search is --gpus's"):
         main(["plan", "--config", str(CONFIGS / "gpu-example.yaml"), "--search-steps", "2", "--out", str(tmp_path)])
+    with pytest.raises(SystemExit, match="--seeds: the capacity search is --gpus's"):
+        main(["plan", "--config", str(CONFIGS / "gpu-example.yaml"), "--seeds", "2", "--out", str(tmp_path)])
+    with pytest.raises(SystemExit, match="--seeds must be >= 1, got 0"):
+        main(["plan", "--config", str(CONFIGS / "gpu-70b.yaml"), "--gpus", "8xH200", "--model", "llama-3.1-70b",
+              "--tp", "4", "--seeds", "0", "--out", str(tmp_path)])

@@ -30,7 +30,7 @@ from loadtest.sim.matrix_verdicts import (AHEAD, BEHIND, COMPARISONS, REUSE_DECL
 from loadtest.sim.network import LinkSpec
 from loadtest.sim.plan_gpus import gpu_kv_bytes, sized_config
 from loadtest.sim.plan_inputs import GPU_BLOCK_SIZE, objectives
-from loadtest.sim.plan_sizing import auto_rates, capacity_rps, drain_s, splits
+from loadtest.sim.plan_sizing import TensorParallel, auto_rates, capacity_rps, drain_s, splits
 from loadtest.sim.plan_step import choose_step_time, describe
 from loadtest.sim.pools import Hardware, engine_params
 from loadtest.sim.run import simulate_colocated, simulate_tandem
@@ -148,9 +148,9 @@ def prepare(grid: Grid, cell: Cell) -> Prepared:
     cfg = ClusterConfig.load(grid.config)
     tier = next(iter(cfg.tiers))
     engines = grid_engines(grid, cell)
-    candidates = splits(engines, cell.tp, cell.max_splits)
-    decode = engine_params(sized_config(cfg, tier, candidates[0], "never", kv).tiers[tier].decode,
-                           _hardware(cell, choice.model, 1.0))
+    candidates = splits(cell.gpus, TensorParallel.uniform(cell.tp), cell.max_splits)
+    decode = engine_params(sized_config(cfg, tier, candidates[0], "never", {cell.tp: kv}).tiers[tier].decode,
+                           _hardware(cell, choice.model, 1.0), cfg.model.max_model_len, f"{cell.label}: tiers.{tier}.decode")
     w = cell.workload
     cap = capacity_rps(choice.model, [(1.0, w.prompt_tokens, w.output_tokens)], engines,
                        decode.max_num_batched_tokens, decode.max_num_seqs)
@@ -194,8 +194,9 @@ def run_cell(grid: Grid, cell: Cell) -> dict:
     engines = grid_engines(grid, cell)
     w = cell.workload
     drain = drain_s(cell.duration_s, tier.slo.ttft_s, tier.slo.itl_s, w.output_tokens)
-    colocated = engine_params(sized_config(cfg, tier_name, p.candidates[0], "never", p.kv_bytes).tiers[tier_name].decode,
-                              _hardware(cell, step, 1.0))
+    kv = {cell.tp: p.kv_bytes}
+    colocated = engine_params(sized_config(cfg, tier_name, p.candidates[0], "never", kv).tiers[tier_name].decode,
+                              _hardware(cell, step, 1.0), cfg.model.max_model_len, f"{cell.label}: tiers.{tier_name}.decode")
     tandem0, vllm = from_benchmark("tandem"), from_benchmark("vllm")
     rows = []
     for rate in p.rates:
@@ -209,7 +210,7 @@ def run_cell(grid: Grid, cell: Cell) -> dict:
                 cost = tandem0.scaled(scale)
                 for split in p.candidates[1:]:
                     for mode in grid.modes:
-                        res = simulate_tandem(sized_config(cfg, tier_name, split, mode, p.kv_bytes), hw, cost, schedule,
+                        res = simulate_tandem(sized_config(cfg, tier_name, split, mode, kv), hw, cost, schedule,
                                               seed=grid.seed, drain_timeout_s=drain, control_cores=grid.control_cores,
                                               shares_engine_cores=None, tier=tier_name)
                         rows.append(_row(mode, f"{mode} {split.label}", rate, gbps, scale, res, mean, every,

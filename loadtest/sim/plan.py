@@ -17,15 +17,15 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 from pathlib import Path
 
 from loadtest.bench.workload import Mix
 from loadtest.sim import LABEL
 from loadtest.sim.control_plane import from_benchmark
-from loadtest.sim.engine import EngineParams
 from loadtest.sim.network import LinkSpec
-from loadtest.sim.pools import Hardware, engine_params
+from loadtest.sim.pools import Hardware, KVCacheTooSmall, engine_params
 from loadtest.sim.plan_control import ACTS_THROUGH, line, need
 from loadtest.sim.plan_inputs import (GPU_BLOCK_SIZE, cluster_config, load, max_output, objectives, rates, step_choice, workload,
                                       describe as describe_workload)
@@ -43,11 +43,16 @@ def run(args: argparse.Namespace) -> dict:
         from loadtest.sim.plan_gpus import run_sized
 
         return run_sized(args)
-    search = [flag for flag, value in (("--search-steps", args.search_steps), ("--attainment", args.attainment))
-              if value is not None]
+    search = [flag for flag, value in (("--search-steps", args.search_steps), ("--attainment", args.attainment),
+                                       ("--seeds", args.seeds)) if value is not None]
     if search:
         raise SystemExit(f"{', '.join(search)}: the capacity search is --gpus's; without it the plan runs the --rates "
                          "loads as given: add --gpus COUNTxGPU, or drop " + ", ".join(search))
+    pools = [flag for flag, value in (("--prefill-tp", args.prefill_tp), ("--decode-tp", args.decode_tp))
+             if value is not None]
+    if pools:
+        raise SystemExit(f"{', '.join(pools)}: a pool's own TP is --gpus's (it sizes the budget's splits); without it "
+                         "the config's pools run at --tp: add --gpus COUNTxGPU, or drop " + ", ".join(pools))
     wl = workload(args)
     duration = DEFAULT_DURATION_S if args.duration is None else args.duration
     xs = rates(args, wl, "1,2,4,8")
@@ -56,11 +61,17 @@ def run(args: argparse.Namespace) -> dict:
     cfg = cluster_config(args)
     tier_name, tier = next(iter(cfg.tiers.items()))
     shape = MODELS[args.model]
-    choice = step_choice(args)
+    choice = step_choice(args, args.tp)
     step = choice.model
     mean, every = objectives(tier)
     engines = tier.prefill.replicas + tier.decode.replicas
     cost, vllm_cost = from_benchmark("tandem"), from_benchmark("vllm")
+    # Both pools' engines, checked before any run (a KV cache under max_model_len is refused);
+    # colocated engines are the decode pool's.
+    sized = Hardware(step_model=lambda t, r: step, kv_bytes_per_token=shape.kv_bytes_per_token,
+                     default_block_size=GPU_BLOCK_SIZE, link=LinkSpec(1.0, 0.0))
+    params = {role: engine_params(pool, sized, cfg.model.max_model_len, f"tiers.{tier_name}.{role}")
+              for role, pool in (("prefill", tier.prefill), ("decode", tier.decode))}
     rows = []
     for gbps in (float(x) for x in args.bandwidths_gbps.split(",")):
         hw = Hardware(step_model=lambda t, r: step, kv_bytes_per_token=shape.kv_bytes_per_token,
@@ -70,9 +81,7 @@ def run(args: argparse.Namespace) -> dict:
             drain = drain_s(offered.duration_s, tier.slo.ttft_s, tier.slo.itl_s, max_output(wl))
             for system in SYSTEMS:
                 if system == "colocated":
-                    d = engine_params(tier.decode, hw)
-                    params = EngineParams(d.max_num_seqs, d.max_num_batched_tokens, d.block_size, d.num_blocks)
-                    result = simulate_colocated(engines, params, step, vllm_cost, offered.schedule,
+                    result = simulate_colocated(engines, params["decode"], step, vllm_cost, offered.schedule,
                                                 drain_timeout_s=drain, control_cores=args.control_cores,
                                                 shares_engine_cores=None)
                 else:
@@ -126,24 +135,28 @@ def plot(result: dict, path: Path) -> None:
 
 def main(args: argparse.Namespace) -> int:
     started = time.monotonic()
-    result = run(args)
+    try:
+        result = run(args)
+    except KVCacheTooSmall as exc:  # a config vLLM would not start: one line, as the CLI's other input errors
+        print(exc, file=sys.stderr)
+        return 2
     # Not in the JSON: the same inputs and seed give the same bytes.
     wall_s = time.monotonic() - started
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "plan.json").write_text(json.dumps(result, indent=1, sort_keys=True) + "\n")
     sized = "recommendation" in result
     if sized:
-        from loadtest.sim.plan_gpus import plot_sized as draw, report
+        from loadtest.sim.plan_report import plot_sized as draw, report
     else:
         draw = plot
     try:
         draw(result, args.out / "plan.png")
     except ImportError:
         print("plan.png not drawn: matplotlib is missing (pip install -e '.[loadtest]')")
-    print(f"step time: {describe(result['provenance']['step_time'])}")
     if sized:
         report(result)
     else:
+        print(f"step time: {describe(result['provenance']['step_time'])}")
         print(f"{LABEL} goodput (req/s, TTFT + mean ITL), tier {result['provenance']['tier']}; control-plane cores "
               f"(busiest second / mean; {ACTS_THROUGH.split(':')[0]}):")
         for r in result["rows"]:

@@ -18,17 +18,25 @@ MIX_MAX_REQUESTS = 40_000
 # The capacity search's flags (with --gpus only; None: not given, refused without --gpus).
 SEARCH_STEPS = 3
 ATTAINMENT = 0.9
+SEEDS = 1
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", type=Path, required=True, help="cluster YAML (its first tier: pools, SLO, routing)")
     p.add_argument("--slo", help="the tier's objectives instead of the config's, seconds: ttft=1.5,itl=0.04[,max_gap=0.08] "
                                  "(the decider's budgets and the goodput judgement read them)")
-    p.add_argument("--gpus", help="a GPU budget, COUNTxGPU (e.g. 16xH200): sweep the P:D splits of COUNT/TP engines "
-                                  "and colocated, search each one's capacity under the SLO, and recommend the highest")
+    p.add_argument("--gpus", help="a GPU budget, COUNTxGPU (e.g. 16xH200): sweep COUNT/TP colocated engines and the "
+                                  "P:D splits of COUNT GPUs, search each one's capacity under the SLO, and recommend the "
+                                  "highest")
     p.add_argument("--accelerator", choices=sorted(ACCELERATORS), help="the GPU (default H200; with --gpus, its GPU)")
     p.add_argument("--model", choices=sorted(MODELS), default="llama-3.1-8b", help="model shape for the step time and KV bytes")
-    p.add_argument("--tp", type=int, default=1, help="tensor-parallel degree of each engine (GPUs per engine)")
+    p.add_argument("--tp", type=int, default=1, help="tensor-parallel degree of each engine (GPUs per engine); with "
+                                                     "--gpus, the colocated engines' and the default of the two below")
+    p.add_argument("--prefill-tp", type=int, help="with --gpus: GPUs per prefill engine (default --tp); its own step "
+                                                  "time and KV cache")
+    p.add_argument("--decode-tp", type=int, help="with --gpus: GPUs per decode engine (default --tp). A split of P "
+                                                 "prefill and D decode engines takes P x --prefill-tp + D x --decode-tp "
+                                                 "GPUs; the splits swept are those no further engine fits beside")
     p.add_argument("--step-time", choices=STEP_TIMES, default="auto",
                    help="auto: AIConfigurator's tables where they hold GPU x model x TP, else the roofline bound")
     p.add_argument("--gemm", choices=("fp8", "bfloat16"), default="fp8", help="GEMM precision of the tables")
@@ -53,12 +61,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                                    "at twice, once, half its time)")
     p.add_argument("--search-steps", type=int,
                    help="with --gpus: bisections after the ladder, per candidate and KV link. Each candidate's capacity "
-                        "(the highest offered load meeting --attainment) takes at most len(ladder) + this many runs and "
-                        "is found within the widest ladder gap (0 to its first load included) / 2**this "
+                        "(the highest offered load meeting --attainment) takes at most len(ladder) + this many loads "
+                        "(each run --seeds times) and is found within the widest ladder gap (0 to its first load included) / 2**this "
                         f"(default {SEARCH_STEPS})")
     p.add_argument("--attainment", type=float,
                    help="with --gpus: the share of a load's requests within the SLO (TTFT + mean ITL) for that load to "
                         f"count as served (default {ATTAINMENT:g})")
+    p.add_argument("--seeds", type=int,
+                   help="with --gpus: run each load with this many seeds, --seed, --seed+1, ... (the mix's Poisson "
+                        "arrivals, a trace's token ids, the simulation's own draws). A load meets the SLO when at least "
+                        "--attainment of all its seeds' requests, pooled, do; its goodput is those met over the seeds' "
+                        "windows (the seeds' mean). The JSON gives each seed's figures and capacity and their spread; a "
+                        "winner's margin within the seeds' spread is called noise (with one seed, under a fixed 5%% of "
+                        f"its capacity: nothing measured). Runs: (ladder + bisections) x this (default {SEEDS})")
     p.add_argument("--modes", default="adaptive,always", help="with --gpus: tandem's disaggregation modes run on "
                                                               "every P:D split (colocated is always run)")
     p.add_argument("--max-splits", type=int, default=7, help="with --gpus: at most this many P:D splits, evenly spaced")
@@ -72,5 +87,5 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help=f"the mix's share of prefill-heavy requests (default {MIX_PREFILL_SHARE:g}; not with a trace)")
     p.add_argument("--long", help=f"the mix's prefill-heavy prompt:output tokens (default {MIX_LONG}; not with a trace)")
     p.add_argument("--short", help=f"the mix's decode-heavy prompt:output tokens (default {MIX_SHORT}; not with a trace)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="the traces' seed (with --gpus --seeds N: the first of N)")
     p.add_argument("--out", type=Path, default=Path("plan"), help="folder for plan.json and plan.png")

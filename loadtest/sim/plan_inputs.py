@@ -12,6 +12,7 @@ from cluster.config import ClusterConfig, ConfigError
 from loadtest.bench.workload import Mix, RequestKind, poisson_schedule
 from loadtest.measure.slo import Objective
 from loadtest.sim.plan_cli import MIX_LONG, MIX_PREFILL_SHARE, MIX_SHORT
+from loadtest.sim.plan_sizing import GpuBudget, TensorParallel
 from loadtest.sim.plan_step import StepChoice, choose_step_time
 from loadtest.sim.workload_trace import Load, TraceError, WorkloadTrace, read_trace
 
@@ -62,8 +63,6 @@ def accelerator(args: argparse.Namespace) -> str:
     """The GPU: --gpus's, else --accelerator's, else H200; both given must agree."""
     if not getattr(args, "gpus", None):
         return args.accelerator or "H200"
-    from loadtest.sim.plan_sizing import GpuBudget
-
     try:
         gpu = GpuBudget.parse(args.gpus).gpu
     except ValueError as exc:
@@ -73,8 +72,18 @@ def accelerator(args: argparse.Namespace) -> str:
     return gpu
 
 
-def step_choice(args: argparse.Namespace) -> StepChoice:
-    return choose_step_time(args.step_time, accelerator(args), args.model, args.tp, args.gemm, args.mfu, args.mbu)
+def step_choice(args: argparse.Namespace, tp: int) -> StepChoice:
+    """The step-time model of an engine of `tp` GPUs (one per pool's TP with --gpus)."""
+    return choose_step_time(args.step_time, accelerator(args), args.model, tp, args.gemm, args.mfu, args.mbu)
+
+
+def tensor_parallel(args: argparse.Namespace) -> TensorParallel:
+    """--tp, --prefill-tp, --decode-tp, the pools' two defaulted to --tp here."""
+    try:
+        return TensorParallel(args.tp, args.tp if args.prefill_tp is None else args.prefill_tp,
+                              args.tp if args.decode_tp is None else args.decode_tp)
+    except ValueError as exc:
+        raise SystemExit(str(exc)) from None
 
 
 def workload(args: argparse.Namespace) -> Workload:

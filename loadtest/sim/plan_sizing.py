@@ -1,11 +1,14 @@
 """`tandem plan --gpus 16xH200`: from a GPU budget to the deployments worth simulating, and from
 their simulated goodput to a recommendation. Pure: no simulation here (plan_gpus.py runs them).
 
-A budget of N GPUs with TP t per engine gives E = N // t whole engines (a remainder of GPUs
-stays idle and is reported). The candidates: E colocated engines (each does both phases: the
-"never disaggregate" deployment, vLLM's own), and every P:D split p + d = E with p, d >= 1 (at
-most `max_splits` of them, evenly spaced, when E is large), each run in tandem's modes.
-Every candidate uses every whole engine: a plan for a budget compares ways to spend it.
+A budget of N GPUs: colocated engines of TP t give E = N // t whole engines (a remainder of GPUs
+stays idle and is reported); prefill engines of TP a and decode engines of TP b (each t unless
+given) give every P:D split with p, d >= 1 and p*a + d*b <= N that no further engine of either
+pool fits beside (at most `max_splits` of them, evenly spaced, when there are many), each run in
+tandem's modes. With a == b that is every p + d = N // a. The candidates: the E colocated
+engines (each does both phases: the "never disaggregate" deployment, vLLM's own) and the
+splits. Every candidate spends the budget as fully as its TPs allow: a plan for a budget
+compares ways to spend it.
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ import re
 from dataclasses import dataclass
 from typing import Iterable, Optional, Sequence
 
-from loadtest.sim.plan_search import capacity
+from loadtest.sim.plan_search import capacity, seed_capacities
 from loadtest.sim.step_time import ACCELERATORS, StepShape, StepTimeModel
 
 _GPUS = re.compile(r"^\s*(\d+)\s*[x×*]\s*([A-Za-z0-9_-]+)\s*$", re.IGNORECASE)
@@ -37,22 +40,51 @@ class GpuBudget:
             raise ValueError(f"--gpus: unknown GPU {m.group(2)!r}; known: {', '.join(sorted(ACCELERATORS))}")
         return cls(count, gpu)
 
-    def engines(self, tp: int) -> int:
-        if tp < 1:
-            raise ValueError(f"--tp must be >= 1, got {tp}")
-        return self.count // tp
-
     def __str__(self) -> str:
         return f"{self.count}x{self.gpu}"
 
 
 @dataclass(frozen=True)
+class TensorParallel:
+    """GPUs per engine: colocated engines' (--tp), and the prefill and decode pools' (--prefill-tp,
+    --decode-tp; plan_inputs.py defaults them to --tp where the arguments enter)."""
+
+    colocated: int
+    prefill: int
+    decode: int
+
+    def __post_init__(self) -> None:
+        for flag, tp in (("--tp", self.colocated), ("--prefill-tp", self.prefill), ("--decode-tp", self.decode)):
+            if tp < 1:
+                raise ValueError(f"{flag} must be >= 1, got {tp}")
+
+    @classmethod
+    def uniform(cls, tp: int) -> "TensorParallel":
+        return cls(tp, tp, tp)
+
+    @property
+    def mixed(self) -> bool:
+        return len({self.colocated, self.prefill, self.decode}) > 1
+
+    def __str__(self) -> str:
+        if not self.mixed:
+            return f"TP{self.colocated}"
+        return f"TP{self.colocated} colocated, prefill TP{self.prefill}, decode TP{self.decode}"
+
+
+@dataclass(frozen=True)
 class Split:
-    """A way to spend the engines: `prefill` 0 means colocated (`decode` engines doing both)."""
+    """A way to spend the budget: `prefill` 0 means colocated (`decode` engines doing both, of
+    `decode_tp` GPUs each; `prefill_tp` is then theirs too)."""
 
     prefill: int
     decode: int
-    tp: int
+    prefill_tp: int
+    decode_tp: int
+
+    @classmethod
+    def colocated_of(cls, engines: int, tp: int) -> "Split":
+        return cls(0, engines, tp, tp)
 
     @property
     def colocated(self) -> bool:
@@ -63,29 +95,54 @@ class Split:
         return self.prefill + self.decode
 
     @property
+    def gpus(self) -> int:
+        return self.prefill * self.prefill_tp + self.decode * self.decode_tp
+
+    @property
     def label(self) -> str:
         return f"colocated x{self.decode}" if self.colocated else f"{self.prefill}P:{self.decode}D"
 
+    @property
+    def tp(self) -> dict[str, int]:
+        """GPUs per engine, by role (the JSON's)."""
+        return {"colocated": self.decode_tp} if self.colocated else {"prefill": self.prefill_tp, "decode": self.decode_tp}
+
     def describe(self, gpu: str) -> str:
         if self.colocated:
-            return f"{self.decode} colocated engines of TP{self.tp} ({self.decode * self.tp} {gpu})"
-        return (f"{self.prefill} prefill + {self.decode} decode engines of TP{self.tp} "
-                f"({self.prefill * self.tp} + {self.decode * self.tp} {gpu})")
+            return f"{self.decode} colocated engines of TP{self.decode_tp} ({self.gpus} {gpu})"
+        if self.prefill_tp == self.decode_tp:
+            return (f"{self.prefill} prefill + {self.decode} decode engines of TP{self.decode_tp} "
+                    f"({self.prefill * self.prefill_tp} + {self.decode * self.decode_tp} {gpu})")
+        return (f"{self.prefill} prefill engines of TP{self.prefill_tp} + {self.decode} decode engines of "
+                f"TP{self.decode_tp} ({self.prefill * self.prefill_tp} + {self.decode * self.decode_tp} {gpu})")
 
 
-def splits(engines: int, tp: int, max_splits: int) -> tuple[Split, ...]:
-    """Colocated first, then P:D splits by growing prefill share; every one uses all `engines`."""
+def _maximal(gpus: int, a: int, b: int) -> list[tuple[int, int]]:
+    """(p, d), p and d >= 1, p*a + d*b <= gpus, where neither one more prefill nor one more
+    decode engine fits: by growing p."""
+    out = []
+    for p in range(1, (gpus - b) // a + 1):  # at least one decode engine beside
+        d = (gpus - p * a) // b
+        if (gpus - d * b) // a == p:  # no room for another prefill engine either
+            out.append((p, d))
+    return out
+
+
+def splits(gpus: int, tp: TensorParallel, max_splits: int) -> tuple[Split, ...]:
+    """Colocated first (gpus // tp.colocated engines), then the P:D splits by growing prefill
+    share, each spending the budget as fully as the two pools' TPs allow."""
+    engines = gpus // tp.colocated
     if engines < 1:
-        raise ValueError("the GPU budget holds no whole engine at this TP")
+        raise ValueError(f"{gpus} GPUs hold no whole engine of TP{tp.colocated}")
     if max_splits < 1:
         raise ValueError(f"--max-splits must be >= 1, got {max_splits}")
-    prefills = list(range(1, engines))
-    if len(prefills) > max_splits:
+    pairs = _maximal(gpus, tp.prefill, tp.decode)
+    if len(pairs) > max_splits:
         # Evenly spaced and both ends kept: the extremes are where a workload's phase share shows.
-        last = len(prefills) - 1
+        last = len(pairs) - 1
         picks = {round(i * last / (max_splits - 1)) for i in range(max_splits)} if max_splits > 1 else {0}
-        prefills = [prefills[i] for i in sorted(picks)]
-    return (Split(0, engines, tp),) + tuple(Split(p, engines - p, tp) for p in prefills)
+        pairs = [pairs[i] for i in sorted(picks)]
+    return (Split.colocated_of(engines, tp.colocated),) + tuple(Split(p, d, tp.prefill, tp.decode) for p, d in pairs)
 
 
 def capacity_rps(step: StepTimeModel, kinds: Sequence[tuple[float, int, int]], engines: int, budget: int,
@@ -138,6 +195,7 @@ class Scored:
     mode: str  # "colocated" | a disaggregation mode
     capacity_by_bandwidth: tuple[tuple[float, float], ...]  # (Gbit/s, req/s)
     unbracketed: tuple[float, ...] = ()  # bandwidths where it met the SLO at every load run: at least that
+    by_seed: tuple[float, ...] = ()  # with several seeds: each seed's own score (plan_search.seed_capacities)
 
     @property
     def worst(self) -> float:
@@ -148,9 +206,16 @@ class Scored:
     def mean(self) -> float:
         return sum(c for _, c in self.capacity_by_bandwidth) / len(self.capacity_by_bandwidth)
 
+    @property
+    def spread(self) -> float:
+        """Its seeds' scores, highest less lowest (0 with one seed: nothing measured)."""
+        return max(self.by_seed) - min(self.by_seed) if self.by_seed else 0.0
+
 
 def score(rows: Sequence[dict], splits_by_label: dict[str, Split]) -> list[Scored]:
-    """rows: {candidate, split, mode, bandwidth_gbps, rate_rps, meets}; candidates in first-seen order."""
+    """rows: {candidate, split, mode, bandwidth_gbps, rate_rps, meets[, by_seed: [{meets}]]};
+    candidates in first-seen order. Each seed's score is its own capacity (at the loads run),
+    least over the bandwidths, as the pooled score is."""
     groups: dict[str, dict[float, list[dict]]] = {}  # candidate → bandwidth → its runs
     for r in rows:
         groups.setdefault(r["candidate"], {}).setdefault(r["bandwidth_gbps"], []).append(r)
@@ -158,17 +223,40 @@ def score(rows: Sequence[dict], splits_by_label: dict[str, Split]) -> list[Score
     for c, by_bw in groups.items():
         first = next(iter(by_bw.values()))[0]
         caps = {bw: capacity(rs) for bw, rs in by_bw.items()}
+        per_seed = [[cap.rate_rps for cap in seed_capacities(rs)] for rs in by_bw.values()]
         out.append(Scored(c, splits_by_label[first["split"]], first["mode"],
                           tuple(sorted((bw, cap.rate_rps) for bw, cap in caps.items())),
-                          tuple(sorted(bw for bw, cap in caps.items() if not cap.bracketed))))
+                          tuple(sorted(bw for bw, cap in caps.items() if not cap.bracketed)),
+                          tuple(min(seed) for seed in zip(*per_seed))))
     return out
+
+
+def noise(win: Scored, runner: Optional[Scored], close: float) -> dict:
+    """Whether the winner's margin over the runner-up is noise. With several seeds, measured: the
+    margin (req/s) is noise when it is no more than the wider of the two candidates' spreads
+    over the seeds (highest seed's score less lowest). With one seed nothing is measured: a
+    margin under `close` of the winner's capacity is called noise, a fixed estimate."""
+    seeds = len(win.by_seed) or 1
+    out: dict = {"seeds": seeds}
+    if seeds > 1:
+        out["estimate"] = ("measured: the wider of the winner's and the runner-up's spreads over the seeds (each "
+                           "seed's own capacity at the worst link, highest less lowest); a margin no more than it is noise")
+    else:
+        out["estimate"] = (f"fixed: {close:.0%} of the winner's capacity (one seed measures no spread; --seeds 2 or "
+                           "more measures it)")
+    if runner is None or win.worst <= 0:
+        return {**out, "margin_rps": None, "noise_rps": None, "within_noise": None}
+    margin = win.worst - runner.worst
+    level = max(win.spread, runner.spread) if seeds > 1 else close * win.worst
+    within = margin <= level if seeds > 1 else margin / win.worst < close
+    return {**out, "margin_rps": round(margin, 4), "noise_rps": round(level, 4), "within_noise": within}
 
 
 def recommend(scored: Sequence[Scored], gpu: str, slo: str, close: float = 0.05) -> dict:
     """The candidate with the highest worst-case capacity (ties: the higher mean, then the first
-    swept: colocated before any split), why, and the runners-up. `close`: a margin under this
-    share of the winner's capacity is said to be within the noise of one seeded trace. `slo`:
-    the criterion, in words."""
+    swept: colocated before any split), why, and the runners-up. Whether its margin is noise:
+    `noise` (several seeds: their spread; one: `close`, a share of the winner's capacity).
+    `slo`: the criterion, in words."""
     if not scored:
         raise ValueError("nothing was simulated")
     ranked = sorted(scored, key=lambda s: (-s.worst, -s.mean))  # stable: sweep order breaks exact ties
@@ -181,10 +269,14 @@ def recommend(scored: Sequence[Scored], gpu: str, slo: str, close: float = 0.05)
     margin = (win.worst - runner.worst) / win.worst if runner and win.worst > 0 else None
     reason = (f"{win.candidate} ({win.split.describe(gpu)}): the highest capacity under the SLO ({slo}) at the worst "
               f"swept KV link, {win.worst:.2f} req/s")
+    told = noise(win, runner, close)
     if runner is not None:
         reason += f"; runner-up {runner.candidate} {runner.worst:.2f} req/s"
-        if margin is not None:
-            reason += f" ({margin:.1%} lower{': within the noise of one seeded trace' if margin < close else ''})"
+        if margin is not None and told["seeds"] > 1:
+            reason += (f" ({margin:.1%} lower; their scores over {told['seeds']} seeds spread up to "
+                       f"{told['noise_rps']:.2f} req/s{': within it, noise' if told['within_noise'] else ''})")
+        elif margin is not None:
+            reason += f" ({margin:.1%} lower{': within the noise of one seeded trace' if told['within_noise'] else ''})"
     reason += ("; the same winner at every swept bandwidth" if holds else
                "; the winner changes with the KV bandwidth: " + ", ".join(f"{bw:g} Gbit/s {c}" for bw, c in winners.items()))
     open_top = [s for s in ranked[:4] if s.unbracketed]
@@ -197,10 +289,11 @@ def recommend(scored: Sequence[Scored], gpu: str, slo: str, close: float = 0.05)
         reason = "no candidate met the SLO at any load tried: " + reason
     return {"candidate": win.candidate, "mode": win.mode, "split": win.split.label, "prefill_engines": win.split.prefill,
             "decode_engines": win.split.decode, "colocated_engines": win.split.decode if win.split.colocated else 0,
-            "tp": win.split.tp, "gpus_used": win.split.engines * win.split.tp, "capacity_rps": win.worst,
+            "tp": win.split.tp, "gpus_used": win.split.gpus, "capacity_rps": win.worst,
             "holds_across_bandwidths": holds, "winner_by_bandwidth_gbps": {f"{bw:g}": c for bw, c in winners.items()},
-            "margin_over_runner_up": None if margin is None else round(margin, 4), "reason": reason,
+            "margin_over_runner_up": None if margin is None else round(margin, 4), "noise": told, "reason": reason,
             "unbracketed": {s.candidate: list(s.unbracketed) for s in ranked if s.unbracketed},
             "runners_up": [{"candidate": s.candidate, "capacity_rps": s.worst, "mean_over_bandwidths_rps": round(s.mean, 4)}
                            for s in ranked[1:4]],
+            "capacity_by_seed_rps": {s.candidate: list(s.by_seed) for s in ranked if s.by_seed},
             "ranking": [s.candidate for s in ranked]}

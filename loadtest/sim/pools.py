@@ -45,15 +45,35 @@ class Replica:
     queued_prompt_tokens: int = 0  # a prefill replica's prompts sent and not returned (signals.py)
 
 
-def engine_params(pool: PoolConfig, hw: Hardware) -> EngineParams:
+class KVCacheTooSmall(ValueError):
+    """An engine whose KV cache cannot hold one request of model.max_model_len tokens: vLLM
+    refuses to start it (its check_enough_kv_cache_memory), so the simulator does too."""
+
+
+def _gib(n: int) -> str:
+    return f"{n / (1 << 30):.2f} GiB"  # as vLLM says it
+
+
+def engine_params(pool: PoolConfig, hw: Hardware, max_model_len: int, where: str) -> EngineParams:
+    """The engine a pool's config describes. `where` names it in an error (e.g. `tiers.interactive.decode`):
+    a KV cache too small for one request of `max_model_len` tokens is refused here, where the
+    bytes become blocks, as vLLM refuses to start such an engine."""
     e = pool.engine
     block = e.block_size or hw.default_block_size
     kv_bytes = e.kv_cache_memory_bytes
     if kv_bytes is None:
         raise ValueError("the simulator sizes KV caches from kv_cache_memory_bytes; set it in the config's engines")
+    num_blocks = int(kv_bytes) // (block * hw.kv_bytes_per_token)
+    if num_blocks * block < max_model_len:
+        needed = -(-max_model_len // block) * block * hw.kv_bytes_per_token  # vLLM: whole blocks of max_model_len
+        raise KVCacheTooSmall(
+            f"{where}: its KV cache ({int(kv_bytes):,} bytes, {_gib(int(kv_bytes))}) holds {num_blocks * block:,} tokens "
+            f"({num_blocks} blocks of {block}, {hw.kv_bytes_per_token:,} bytes a token), fewer than model.max_model_len "
+            f"({max_model_len:,}), which needs {needed:,} bytes ({_gib(needed)}): vLLM refuses to start such an engine. "
+            f"Give it at least {needed:,} bytes of KV cache (engine.kv_cache_memory_bytes), or lower model.max_model_len")
     return EngineParams(max_num_seqs=e.max_num_seqs,
                         max_num_batched_tokens=e.max_num_batched_tokens or VLLM_DEFAULT_BUDGET,
-                        block_size=block, num_blocks=int(kv_bytes) // (block * hw.kv_bytes_per_token))
+                        block_size=block, num_blocks=num_blocks)
 
 
 class SimPools:
@@ -84,7 +104,7 @@ class SimPools:
         replica_id = f"r{self._serial}"
         worker_id = PoolId(tier, role).worker_id(replica_id)  # type: ignore[arg-type]
         pool = self.pool_config(tier, role)
-        params = engine_params(pool, self.hw)
+        params = engine_params(pool, self.hw, self.cfg.model.max_model_len, f"tiers.{tier}.{role}")
         blocks = BlockPool(worker_id, params.num_blocks, params.block_size, lambda ev: self.index.apply([ev]))
         engine = SimEngine(worker_id, params, self.hw.step_model(tier, role), blocks, self._slowdown,
                            self._on_tokens, self._on_busy)

@@ -12,12 +12,13 @@ from loadtest.sim.setups import cpu_hardware
 
 
 def _config() -> ClusterConfig:
-    # A KV cache of ~90 blocks per engine: small enough that decode preempts, and a tight gap
-    # objective so that rule 9 declines the first token's reuse for some remote requests.
+    # A KV cache of 11 blocks of 128 per engine (1,408 tokens): small enough that decode preempts,
+    # with a context window it holds (vLLM refuses an engine that cannot hold max_model_len);
+    # a tight gap objective so that rule 9 declines the first token's reuse for some remote requests.
     engine = {"kv_cache_memory_bytes": 32 << 20, "max_num_seqs": 16, "max_num_batched_tokens": 256,
               "enable_chunked_prefill": True}
     return ClusterConfig.model_validate({
-        "model": {"path": "/simulated/m", "name": "m", "max_model_len": 2048},
+        "model": {"path": "/simulated/m", "name": "m", "max_model_len": 1024},
         "tiers": {"interactive": {
             "prefill": {"replicas": 1, "engine": engine}, "decode": {"replicas": 1, "engine": engine},
             "slo": {"ttft_s": 1.5, "itl_s": 0.12, "max_gap_s": 0.2},

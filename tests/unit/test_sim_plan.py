@@ -9,7 +9,10 @@ from pathlib import Path
 import pytest
 
 from cluster.cli import main
+from cluster.config import ClusterConfig
+from loadtest.sim.network import LinkSpec
 from loadtest.sim.plan_step import VALIDATION, choose_step_time, table_validation
+from loadtest.sim.pools import Hardware, KVCacheTooSmall, engine_params
 from loadtest.sim.step_table import load
 
 SIM = Path(__file__).resolve().parents[2] / "loadtest" / "sim"
@@ -79,3 +82,50 @@ def test_slo_replaces_the_tiers_objectives_and_bad_ones_say_what_to_write(tmp_pa
         main(["plan", "--config", str(EXAMPLE), *SMALL, "--slo", "itl=fast", "--out", str(tmp_path)])
     with pytest.raises(SystemExit, match="max_gap_s .* is below slo.itl_s"):  # SLOConfig's own check, one message
         main(["plan", "--config", str(EXAMPLE), *SMALL, "--slo", "itl=0.05,max_gap=0.01", "--out", str(tmp_path)])
+
+
+def _with_kv(pool, kv_bytes: int):
+    return pool.model_copy(update={"engine": pool.engine.model_copy(update={"kv_cache_memory_bytes": kv_bytes})})
+
+
+def test_a_kv_cache_exactly_holding_max_model_len_is_accepted_and_one_block_less_refused():
+    pool = ClusterConfig.load(EXAMPLE).tiers["interactive"].decode
+    token = 131_072  # Llama-3.1-8B's KV bytes per token (bf16)
+    hw = Hardware(step_model=lambda t, r: None, kv_bytes_per_token=token, default_block_size=16, link=LinkSpec(1.0, 0.0))
+    assert engine_params(_with_kv(pool, 8192 * token), hw, 8192, "tiers.interactive.decode").num_blocks == 512
+    with pytest.raises(KVCacheTooSmall, match=r"^tiers\.interactive\.decode: its KV cache .* holds 8,176 tokens \(511 "
+                                              r"blocks of 16.* fewer than model\.max_model_len \(8,192\)"):
+        engine_params(_with_kv(pool, 8192 * token - 1), hw, 8192, "tiers.interactive.decode")
+    # vLLM counts whole blocks: 8,200 tokens need 513 of 16.
+    assert engine_params(_with_kv(pool, 513 * 16 * token), hw, 8200, "x").num_blocks == 513
+    with pytest.raises(KVCacheTooSmall, match=r"needs 1,075,838,976 bytes \(1.00 GiB\)"):
+        engine_params(_with_kv(pool, 512 * 16 * token), hw, 8200, "x")
+
+
+@pytest.mark.parametrize("gpus", [[], ["--gpus", "2xH200", "--model", "llama-3.1-8b"]])
+def test_a_kv_cache_under_max_model_len_stops_the_plan_with_one_line_and_exit_2(tmp_path, capsys, gpus):
+    small = tmp_path / "small-kv.yaml"  # 24 MiB of Llama-3.1-8B's KV: 192 tokens, max_model_len 8,192
+    small.write_text(EXAMPLE.read_text().replace("kv_cache_memory_bytes: 40G", "kv_cache_memory_bytes: 24M"))
+    rc = main(["plan", "--config", str(small), "--step-time", "roofline", *SMALL, *gpus, "--out", str(tmp_path / "o")])
+    assert rc == 2
+    captured = capsys.readouterr()
+    err = captured.err.strip()
+    assert "\n" not in err and "Traceback" not in err and err.startswith("tiers.interactive.prefill: its KV cache")
+    assert "holds 192 tokens (12 blocks of 16" in err and "model.max_model_len (8,192)" in err
+    assert "needs 1,073,741,824 bytes (1.00 GiB): vLLM refuses to start such an engine" in err
+    assert "engine.kv_cache_memory_bytes" in err and "lower model.max_model_len" in err
+    assert not (tmp_path / "o").exists() and "SIMULATED" not in captured.out  # refused before any run
+
+
+def test_a_gpu_sized_kv_cache_under_max_model_len_says_a_higher_tp_leaves_more(tmp_path, capsys):
+    # Llama-3.1-70B in bf16 on two H100s leaves room for 9,424 tokens of KV: not for 16,384.
+    long = tmp_path / "long.yaml"
+    long.write_text((SIM / "configs" / "gpu-70b.yaml").read_text().replace("max_model_len: 8192", "max_model_len: 16384")
+                    .replace("max_num_batched_tokens: 8192", "max_num_batched_tokens: 8192, enable_chunked_prefill: true"))
+    rc = main(["plan", "--config", str(long), "--gpus", "4xH100", "--model", "llama-3.1-70b", "--tp", "2",
+               "--gemm", "bfloat16", "--out", str(tmp_path / "o")])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and "\n" not in err
+    assert err.startswith("tiers.interactive.prefill (TP2 on H100, its KV cache what the GPUs leave after the weights: "
+                          "a higher --prefill-tp leaves more): its KV cache")
+    assert "holds 9,424 tokens" in err and "model.max_model_len (16,384)" in err

@@ -199,6 +199,25 @@ def test_a_gpu_budget_plan_on_a_trace_states_the_recommendations_control_plane(t
     assert f"the recommended {rec['candidate']} needs peak" in out and "within --control-cores 4" in out
     assert main(argv + ["--out", str(tmp_path / "again")]) == 0
     assert (tmp_path / "again" / "plan.json").read_bytes() == raw  # same trace and seed: the same bytes
+    assert main(argv + ["--seeds", "1", "--out", str(tmp_path / "one")]) == 0
+    assert (tmp_path / "one" / "plan.json").read_bytes() == raw  # --seeds 1 is the default, not another plan
+    assert result["workload"]["seeds"] == [0] and result["search"]["seeds"] == 1
+    assert result["recommendation"]["noise"]["estimate"].startswith("fixed: 5%")
+    assert not any("by_seed" in r for r in result["rows"])
+    # Two seeds (0 and 1: the trace's token ids and the simulation's draws): twice, the same bytes.
+    seeded = []
+    for out in ("s1", "s2"):
+        assert main(argv + ["--seeds", "2", "--out", str(tmp_path / out)]) == 0
+        seeded.append((tmp_path / out / "plan.json").read_bytes())
+    assert seeded[0] == seeded[1] and seeded[0] != raw
+    two = json.loads(seeded[0])
+    assert two["workload"]["seeds"] == [0, 1] and two["search"]["seeds"] == 2
+    assert two["search"]["runs"] == 2 * two["search"]["loads_run"]
+    assert two["search"]["max_runs_per_candidate_and_link"] == 2 * two["search"]["max_loads_per_candidate_and_link"]
+    assert all([b["seed"] for b in r["by_seed"]] == [0, 1] for r in two["rows"])
+    # A different seed set is another plan: its first seed moves.
+    assert main(argv + ["--seed", "5", "--seeds", "2", "--out", str(tmp_path / "s5")]) == 0
+    assert json.loads((tmp_path / "s5" / "plan.json").read_bytes())["workload"]["seeds"] == [5, 6]
 
 
 def test_need_reads_the_busiest_run_and_the_first_load_past_the_cores():

@@ -45,6 +45,17 @@ class EngineParams:
     num_blocks: int
 
 
+@dataclass
+class LatencyCounters:
+    """vLLM's TTFT and inter-token-latency histograms' `_sum`/`_count`, lifetime totals as the
+    engine's Prometheus exports them (cluster/autoscaling/signals.py reports their increments)."""
+
+    ttft_s_sum: float = 0.0
+    ttft_count: int = 0
+    itl_s_sum: float = 0.0
+    itl_count: int = 0
+
+
 @dataclass(eq=False)
 class SimRequest:
     """One request inside an engine. `tokens` gets the simulated time of each sampled token."""
@@ -60,6 +71,7 @@ class SimRequest:
     streamed: bool = True
     remote_kv: Optional[Callable[[int], Awaitable[None]]] = None  # pull(uncached tokens), decode role
     tokens: list[float] = field(default_factory=list)
+    arrived: float = 0.0  # when the engine got it: vLLM's TTFT starts here
     computed: int = 0
     blocks: list[int] = field(default_factory=list)
     kv_ready: bool = False
@@ -103,6 +115,7 @@ class SimEngine:
         self.full_chunks = (0, 0.0)  # (count, seconds) of steps that were one full budget of prompt (step_record.py)
         self._gap_sum = 0.0  # token gaps of its streams since the last report
         self._gap_n = 0
+        self.latency = LatencyCounters()
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._loop())
@@ -112,6 +125,7 @@ class SimEngine:
             self._task.cancel()
 
     def submit(self, request: SimRequest) -> SimRequest:
+        request.arrived = asyncio.get_running_loop().time()
         self.waiting.append(request)
         self._wake.set()
         return request
@@ -284,8 +298,14 @@ class SimEngine:
 
     def _sample(self, r: SimRequest, now: float) -> None:
         if r.tokens:
-            self._gap_sum += now - r.tokens[-1]
+            gap = now - r.tokens[-1]
+            self._gap_sum += gap
             self._gap_n += 1
+            self.latency.itl_s_sum += gap
+            self.latency.itl_count += 1
+        else:
+            self.latency.ttft_s_sum += now - r.arrived
+            self.latency.ttft_count += 1
         r.tokens.append(now)
         if len(r.tokens) == 1:
             r.first.set()

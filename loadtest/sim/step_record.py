@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from bisect import bisect_left
 from statistics import median
 from typing import Optional
 
@@ -110,3 +111,58 @@ def warm_up_decode_step_ms(run: dict) -> Optional[float]:
     steps = [r["ms"] for entry in run["systems"].values() if entry.get("warm_up_steps")
              for r in _engine(entry["warm_up_steps"], "decode") if r["ctx_tokens"] == 0 and r["gen_reqs"] == 1]
     return sum(steps) / len(steps) if steps else None
+
+
+def _intervals(rows: list[dict]) -> list[tuple[float, float]]:
+    return sorted((r["t_s"] - r["ms"] / 1000, r["t_s"]) for r in rows)  # t_s: the step's end
+
+
+def _overlap(row: dict, intervals: list[tuple[float, float]], starts: list[float]) -> float:
+    """The share of `row`'s step during which the other engine computed a step."""
+    a, b = row["t_s"] - row["ms"] / 1000, row["t_s"]
+    if b <= a:
+        return 0.0
+    shared, i = 0.0, max(bisect_left(starts, a - 60.0), 0)  # no step lasts a minute
+    while i < len(intervals) and intervals[i][0] < b:
+        shared += max(0.0, min(b, intervals[i][1]) - max(a, intervals[i][0]))
+        i += 1
+    return shared / (b - a)
+
+
+def neighbour_slowdown(run: dict) -> dict:
+    """How much longer an engine's step takes while the other engine on the 2-core host computes
+    one, over every tandem system and rate of a `--step-log` run: the decode engine's one-stream
+    pure decode steps with the prefill engine busy for more than half of the step against those
+    with it idle throughout, and the prefill engine's full chunks with the decode engine busy for
+    more than 80% of the chunk against under 20%. Ratios of medians; None where a side is empty.
+    (The two engines share the host's memory bandwidth and caches: each is pinned to its own
+    core, yet a decode step, which streams every weight once, slows most.)"""
+    dec_alone, dec_shared, pre_alone, pre_shared = [], [], [], []
+    for entry in run["systems"].values():
+        if not entry.get("warm_up_steps"):
+            continue
+        budget = entry["max_num_batched_tokens"]
+        for rate in entry["rates"]:
+            prefill, decode = _engine(rate["engine_steps"], "prefill"), _engine(rate["engine_steps"], "decode")
+            busy_pre = _intervals([r for r in prefill if r["ctx_tokens"] > 0])
+            busy_dec = _intervals(decode)
+            pre_starts, dec_starts = [a for a, _ in busy_pre], [a for a, _ in busy_dec]
+            for r in decode:
+                if r["gen_reqs"] == 1 and r["ctx_tokens"] == 0:
+                    share = _overlap(r, busy_pre, pre_starts)
+                    if share > 0.5:
+                        dec_shared.append(r["ms"])
+                    elif share == 0.0:
+                        dec_alone.append(r["ms"])
+            for ms_row in (r for r in prefill if r["ctx_tokens"] == budget and r["gen_reqs"] == 0):
+                share = _overlap(ms_row, busy_dec, dec_starts)
+                if share > 0.8:
+                    pre_shared.append(ms_row["ms"])
+                elif share < 0.2:
+                    pre_alone.append(ms_row["ms"])
+
+    def ratio(shared: list[float], alone: list[float]) -> Optional[float]:
+        return round(median(shared) / median(alone), 3) if shared and alone else None
+
+    return {"decode": ratio(dec_shared, dec_alone), "decode_steps": (len(dec_shared), len(dec_alone)),
+            "prefill": ratio(pre_shared, pre_alone), "prefill_chunks": (len(pre_shared), len(pre_alone))}

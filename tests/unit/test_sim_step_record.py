@@ -10,7 +10,7 @@ from types import SimpleNamespace
 from cluster.engine.step_log import ENV, log_path, step_row
 from loadtest.bench.engine_steps import COLUMNS, EngineSteps
 from loadtest.sim.setups import bench_system
-from loadtest.sim.step_record import RECORD, load, prefill_steps, slowdown
+from loadtest.sim.step_record import RECORD, load, neighbour_slowdown, prefill_steps, slowdown
 from loadtest.sim.validate import relay
 
 
@@ -144,3 +144,18 @@ def test_warm_up_prompt_is_the_prefill_engines_own_unloaded_chunks():
     assert warm_up_prompt_ms(run, 512, 256) == 2200.0  # two chunks of 256 at their mean, 1100 ms
     assert warm_up_prompt_ms(run, 512, 2048) is None  # no 512-token step recorded
     assert warm_up_prompt_ms({"systems": {"colocated-mbt256": {"rates": []}}}, 512, 256) is None  # no step log
+
+
+def test_neighbour_slowdown_splits_steps_by_what_the_other_engine_did():
+    cols = ["t_s", "ctx_tokens", "gen_reqs", "ms", "waiting"]
+    prefill = [[1.0, 256, 0, 1000.0, 0],  # busy 0.0-1.0 while decode runs: shared
+               [5.0, 256, 0, 800.0, 0]]  # 4.2-5.0, decode idle: alone
+    decode = [[0.5, 0, 1, 100.0, 0], [0.9, 0, 1, 120.0, 0],  # inside the first chunk: shared
+              [3.0, 0, 1, 80.0, 0], [3.5, 0, 1, 80.0, 0]]  # prefill idle: alone
+    steps = {"columns": cols, "engines": {"interactive-prefill-a": prefill, "interactive-decode-b": decode}}
+    run = {"systems": {"tandem-adaptive": {"max_num_batched_tokens": 256, "warm_up_steps": steps,
+                                           "rates": [{"engine_steps": steps}]}}}
+    got = neighbour_slowdown(run)
+    assert got["decode"] == round(110.0 / 80.0, 3) and got["decode_steps"] == (2, 2)
+    # The first chunk overlaps decode for 0.22 of its 1.0 s: neither side of the split.
+    assert got["prefill"] is None and got["prefill_chunks"] == (0, 1)

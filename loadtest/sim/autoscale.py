@@ -82,6 +82,8 @@ class Autoscaler:
         return _mean(window)
 
     def observe(self, key: tuple[str, str], now: float) -> Observation:
+        """The pool's Observation now. Takes each replica's report (once per tick, as the
+        real replicas report once per interval) into its window."""
         replicas = self.pools.replicas[key]
         look_back_s = self.pools.pool_config(*key).autoscaling.look_back_s
         means = [self._sample(r, now, look_back_s) for r in replicas]

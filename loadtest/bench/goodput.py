@@ -43,7 +43,8 @@ from loadtest.bench.decisions import delta, fetch, settled
 from loadtest.bench.engine_steps import EngineSteps
 from loadtest.bench.goodput_systems import NAMES, TANDEM_METRICS_URL, System, one_core_engine, serving, systems_of
 from loadtest.bench.loadgen import replay
-from loadtest.bench.workload import Mix, RequestKind, ScheduledRequest, poisson_schedule, summarize
+from loadtest.bench.workload import (Mix, RequestKind, ScheduledRequest, kinds_in_turn, poisson_schedule, summarize,
+                                     warm_up_requests)
 
 ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_MODEL = ROOT / ".tandem" / "models" / "SmolLM2-135M-Instruct"
@@ -79,17 +80,11 @@ def _one_at_a_time(urls: list[str], model: str, requests: list[ScheduledRequest]
     return records
 
 
-def _requests(mix: Mix, n: int, first: int, max_tokens=None) -> list[ScheduledRequest]:
-    kinds = [mix.prefill_heavy, mix.decode_heavy] * n
-    return [ScheduledRequest(first + i, 0.0, k.name, tuple(range(1000 + 7 * (first + i), 1000 + 7 * (first + i) + k.prompt_tokens)),
-                             max_tokens or k.output_tokens) for i, k in enumerate(kinds)]
-
-
 def warm_up(urls: list[str], model: str, mix: Mix) -> None:
     """Two requests of each kind per server, one at a time: first-call costs (NIXL handshake,
     allocator growth) stay out of the measurement."""
     for n, url in enumerate(urls):
-        _one_at_a_time([url], model, _requests(mix, 2, 100 * n, max_tokens=16))
+        _one_at_a_time([url], model, warm_up_requests(mix, n))
 
 
 def calibrate(args, gpu: bool, mix: Mix) -> tuple[Unloaded, Objectives]:
@@ -97,7 +92,7 @@ def calibrate(args, gpu: bool, mix: Mix) -> tuple[Unloaded, Objectives]:
     mean token gap of each decode-heavy one (three of each, medians) set the objectives."""
     with one_core_engine(args, gpu) as engine:
         warm_up(engine.urls, args.model.name, mix)
-        records = _one_at_a_time(engine.urls, args.model.name, _requests(mix, 3, 1000))
+        records = _one_at_a_time(engine.urls, args.model.name, kinds_in_turn(mix, 3, 1000))
     unloaded = Unloaded.of([r.ttft_ms for r in records if r.workload == mix.prefill_heavy.name],
                            [r.mean_itl_ms for r in records if r.workload == mix.decode_heavy.name])
     return unloaded, Objectives.calibrated(unloaded, Multiples(args.ttft_x, args.itl_x, args.gap_x))

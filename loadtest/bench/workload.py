@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass
+from typing import Optional
 
 from loadtest.measure.percentiles import latency_summary
 from loadtest.measure.record import RequestRecord
@@ -62,6 +63,19 @@ def poisson_schedule(mix: Mix, rate: float, duration_s: float, seed: int,
         out.append(ScheduledRequest(len(out), at, kind.name, prompt, kind.output_tokens))
         at += rng.expovariate(rate)
     return out
+
+
+def kinds_in_turn(mix: Mix, n: int, first: int, max_tokens: Optional[int] = None) -> list[ScheduledRequest]:
+    """`n` of each kind, alternating, for sending one at a time; distinct fixed prompts by index."""
+    kinds = [mix.prefill_heavy, mix.decode_heavy] * n
+    return [ScheduledRequest(first + i, 0.0, k.name, tuple(range(1000 + 7 * (first + i), 1000 + 7 * (first + i) + k.prompt_tokens)),
+                             max_tokens or k.output_tokens) for i, k in enumerate(kinds)]
+
+
+def warm_up_requests(mix: Mix, server: int = 0) -> list[ScheduledRequest]:
+    """What the goodput benchmark sends each server (by its index) one at a time before the
+    rates: two of each kind, 16 tokens out. The simulator's replay sends tandem the same."""
+    return kinds_in_turn(mix, 2, 100 * server, max_tokens=16)
 
 
 def summarize(records: list[RequestRecord], slo: Objective, duration_s: float, span_s: float, cores: int) -> dict:

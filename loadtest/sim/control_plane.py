@@ -86,13 +86,18 @@ class ControlPlane:
         self.cost = cost
         self.cores = cores
         self.shared = shares_engine_cores
+        self.reset_counts()
+        self._recent: deque[tuple[float, float]] = deque()
+        self._recent_sum = 0.0
+        self.busy_engines = 0  # engines computing a step now (engine.py on_busy)
+
+    def reset_counts(self) -> None:
+        """What `summary` reports starts again (a measured rate after a warm-up); the load of the
+        last second stays, it is on the cores."""
         self.cpu_s = 0.0
         self.tokens = 0  # what cpu_s was charged for, so a reader can redo the product
         self.requests = 0
         self.peak_cores = 0.0
-        self._recent: deque[tuple[float, float]] = deque()
-        self._recent_sum = 0.0
-        self.busy_engines = 0  # engines computing a step now (engine.py on_busy)
 
     def charge(self, now: float, tokens: int = 0, requests: int = 0) -> None:
         self.tokens += tokens

@@ -109,13 +109,17 @@ class SimEngine:
         self.loading: set[SimRequest] = set()
         self._wake = asyncio.Event()
         self._task: Optional[asyncio.Task] = None
+        self.reset_counts()
+        self._gap_sum = 0.0  # token gaps of its streams since the last report
+        self._gap_n = 0
+        self.latency = LatencyCounters()
+
+    def reset_counts(self) -> None:
+        """The step counters a run reports start again (a measured rate after a warm-up)."""
         self.steps = 0
         self.preemptions = 0
         self.busy_s = 0.0
         self.full_chunks = (0, 0.0)  # (count, seconds) of steps that were one full budget of prompt (step_record.py)
-        self._gap_sum = 0.0  # token gaps of its streams since the last report
-        self._gap_n = 0
-        self.latency = LatencyCounters()
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._loop())

@@ -118,6 +118,11 @@ class SimPools:
             for r in replicas:
                 r.engine.start()
 
+    def idle(self) -> bool:
+        """No engine holds a request (running, waiting, or waiting for its KV)."""
+        return not any(r.engine.running or r.engine.waiting or r.engine.kv_ready or r.engine.loading
+                       for rs in self.replicas.values() for r in rs)
+
     def by_replica_id(self, tier: str, role: str, replica_id: Optional[str]) -> Replica:
         replicas = self.replicas[(tier, role)]
         for r in replicas:

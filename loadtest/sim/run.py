@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass
-from typing import Optional
+from typing import Optional, Sequence
 
 from cluster.config import ClusterConfig
 from loadtest.bench.workload import ScheduledRequest, summarize
@@ -57,7 +57,13 @@ def _engine_stats(engines: dict[str, SimEngine], span: float) -> dict[str, dict]
 
 def simulate_tandem(cfg: ClusterConfig, hw: Hardware, cost: ControlPlaneCost, schedule: list[ScheduledRequest], *,
                     seed: int, drain_timeout_s: float, control_cores: float,
-                    shares_engine_cores: Optional[float], tier: Optional[str] = None) -> RunResult:
+                    shares_engine_cores: Optional[float], tier: Optional[str] = None,
+                    warm_up: Sequence[ScheduledRequest] = (),
+                    earlier: Sequence[list[ScheduledRequest]] = ()) -> RunResult:
+    """One tandem cluster serving `schedule`. As the goodput benchmark runs it, the same cluster
+    may first serve `warm_up` (one request at a time) and the `earlier` rates (each to its end):
+    the router's cost models and the admission limit learn from them, and nothing of them is
+    reported (records, verdicts, engine and control-plane counts are the schedule's alone)."""
     tier = tier or next(iter(cfg.tiers))
     trace = Trace()
 
@@ -68,6 +74,20 @@ def simulate_tandem(cfg: ClusterConfig, hw: Hardware, cost: ControlPlaneCost, sc
         sim.pools.publish_stats()
         loop = asyncio.get_running_loop()
         background = [loop.create_task(sim.stats_loop()), loop.create_task(sim.autoscaler.loop())]
+        for req in warm_up:
+            await sim.serve(req, tier)
+        for before in earlier:
+            await drive(before, lambda req: sim.serve(req, tier), drain_timeout_s)
+            # The client gave up on the stragglers; vLLM aborts them, the simulated engines finish
+            # them instead: wait for that, or the next rate would start behind their backlog.
+            while not sim.pools.idle():
+                await asyncio.sleep(1.0)
+        if warm_up or earlier:
+            trace.clear()
+            control.reset_counts()
+            for rs in sim.pools.replicas.values():
+                for r in rs:
+                    r.engine.reset_counts()
         records = await drive(schedule, lambda req: sim.serve(req, tier), drain_timeout_s)
         for task in background:
             task.cancel()

@@ -16,6 +16,12 @@ class Trace:
     scaling: list[tuple] = field(default_factory=list)  # (rules, observation, state, decision, new state)
     paths: dict[str, int] = field(default_factory=dict)
 
+    def clear(self) -> None:
+        """Forget what was decided so far (a warm-up's verdicts count in no rate)."""
+        self.verdicts.clear()
+        self.scaling.clear()
+        self.paths.clear()
+
     def reasons(self) -> dict[str, int]:
         out: dict[str, int] = {}
         for _, d in self.verdicts:

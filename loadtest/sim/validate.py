@@ -27,7 +27,7 @@ import subprocess
 from pathlib import Path
 from typing import Optional
 
-from loadtest.bench.workload import Mix, RequestKind, poisson_schedule
+from loadtest.bench.workload import Mix, RequestKind, poisson_schedule, warm_up_requests
 from loadtest.measure.slo import Objective
 from loadtest.sim.control_plane import from_benchmark
 from loadtest.sim.engine import EngineParams
@@ -111,15 +111,17 @@ def replay_run(path: Path, seed: int = 0, speed: str = "own-engines") -> dict:
         if system is None or "rates" not in entry:
             skipped[name] = UNMODELLED.get(name, "not run in this recording" if "rates" not in entry else "unknown system")
             continue
-        for measured in entry["rates"]:
+        for i, measured in enumerate(entry["rates"]):
             schedule = schedules[measured["rate_rps"]]
             if system.kind == "tandem":
                 # The benchmark gives tandem the every-gap objective (its tier's max_gap_s).
                 cfg = bench_tandem_config(system, every, budget=budget, kv_cache_mib=eng["kv_cache_mib_per_core"],
                                           max_num_seqs=eng["max_num_seqs"], dtype=run["dtype"], model=run["model"])
+                # One cluster per system, as the benchmark ran it: its warm-up, then the rates in turn.
                 result = simulate_tandem(cfg, hw, from_benchmark(relay(path, system.old_relay, code)), schedule, seed=seed,
                                          drain_timeout_s=wl["drain_timeout_s"], control_cores=CORES,
-                                         shares_engine_cores=CORES)
+                                         shares_engine_cores=CORES, warm_up=warm_up_requests(mix),
+                                         earlier=[schedules[m["rate_rps"]] for m in entry["rates"][:i]])
             else:
                 mbt = system.max_num_batched_tokens or budget
                 params = EngineParams(eng["max_num_seqs"], mbt, CPU_BLOCK_SIZE,

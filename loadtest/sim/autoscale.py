@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from dataclasses import astuple, dataclass
+from dataclasses import astuple, dataclass, replace
 from typing import TYPE_CHECKING, Optional
 
 from cluster.autoscaling.policy import Observation, PolicyState, decide
@@ -66,7 +66,7 @@ class Autoscaler:
     def _sample(self, replica: "Replica", now: float, look_back_s: float) -> ReplicaSample:
         """The replica's report now, kept in its window; the window's mean."""
         e = replica.engine
-        counters = LatencyCounters(**vars(e.latency))
+        counters = replace(e.latency)  # a copy: the engine's keep counting
         last = self._last_counters.get(replica.worker_id, counters)  # the first report: increments 0
         self._last_counters[replica.worker_id] = counters
         sample = ReplicaSample(

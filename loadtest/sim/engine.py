@@ -110,9 +110,8 @@ class SimEngine:
         self._wake = asyncio.Event()
         self._task: Optional[asyncio.Task] = None
         self.reset_counts()
-        self._gap_sum = 0.0  # token gaps of its streams since the last report
-        self._gap_n = 0
         self.latency = LatencyCounters()
+        self._gaps_reported = (0.0, 0)  # latency's (itl_s_sum, itl_count) at the last take_gaps
 
     def reset_counts(self) -> None:
         """The step counters a run reports start again (a measured rate after a warm-up)."""
@@ -154,9 +153,10 @@ class SimEngine:
 
     def take_gaps(self) -> tuple[Optional[float], int]:
         """(mean token gap of its streams since the last call, their number), as a replica reports."""
-        out = (self._gap_sum / self._gap_n if self._gap_n else None, self._gap_n)
-        self._gap_sum, self._gap_n = 0.0, 0
-        return out
+        total, n = self.latency.itl_s_sum, self.latency.itl_count
+        gap_sum, gap_n = total - self._gaps_reported[0], n - self._gaps_reported[1]
+        self._gaps_reported = (total, n)
+        return (gap_sum / gap_n if gap_n else None, gap_n)
 
     # -- the scheduler ---------------------------------------------------------------------------
 
@@ -302,10 +302,7 @@ class SimEngine:
 
     def _sample(self, r: SimRequest, now: float) -> None:
         if r.tokens:
-            gap = now - r.tokens[-1]
-            self._gap_sum += gap
-            self._gap_n += 1
-            self.latency.itl_s_sum += gap
+            self.latency.itl_s_sum += now - r.tokens[-1]
             self.latency.itl_count += 1
         else:
             self.latency.ttft_s_sum += now - r.arrived

@@ -9,7 +9,7 @@ KV events go straight into the real PrefixIndex (no ZMQ in between: its ~ms dela
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Optional
+from typing import Callable, Iterator, Optional
 
 from cluster.config import ClusterConfig
 from cluster.config.pools import PoolConfig
@@ -114,14 +114,17 @@ class SimPools:
         return replica
 
     def start(self) -> None:
+        for r in self.all():
+            r.engine.start()
+
+    def all(self) -> Iterator[Replica]:
+        """Every replica of every pool."""
         for replicas in self.replicas.values():
-            for r in replicas:
-                r.engine.start()
+            yield from replicas
 
     def idle(self) -> bool:
         """No engine holds a request (running, waiting, or waiting for its KV)."""
-        return not any(r.engine.running or r.engine.waiting or r.engine.kv_ready or r.engine.loading
-                       for rs in self.replicas.values() for r in rs)
+        return not any(r.engine.running or r.engine.waiting or r.engine.kv_ready or r.engine.loading for r in self.all())
 
     def by_replica_id(self, tier: str, role: str, replica_id: Optional[str]) -> Replica:
         replicas = self.replicas[(tier, role)]

@@ -85,13 +85,12 @@ def simulate_tandem(cfg: ClusterConfig, hw: Hardware, cost: ControlPlaneCost, sc
         if warm_up or earlier:
             trace.clear()
             control.reset_counts()
-            for rs in sim.pools.replicas.values():
-                for r in rs:
-                    r.engine.reset_counts()
+            for r in sim.pools.all():
+                r.engine.reset_counts()
         records = await drive(schedule, lambda req: sim.serve(req, tier), drain_timeout_s)
         for task in background:
             task.cancel()
-        engines = {r.worker_id: r.engine for rs in sim.pools.replicas.values() for r in rs}
+        engines = {r.worker_id: r.engine for r in sim.pools.all()}
         for e in engines.values():
             e.stop()
         span = _span(records)

@@ -122,7 +122,7 @@ def _overlap(row: dict, intervals: list[tuple[float, float]], starts: list[float
     a, b = row["t_s"] - row["ms"] / 1000, row["t_s"]
     if b <= a:
         return 0.0
-    shared, i = 0.0, max(bisect_left(starts, a - 60.0), 0)  # no step lasts a minute
+    shared, i = 0.0, bisect_left(starts, a - 60.0)  # no step lasts a minute
     while i < len(intervals) and intervals[i][0] < b:
         shared += max(0.0, min(b, intervals[i][1]) - max(a, intervals[i][0]))
         i += 1
@@ -154,12 +154,12 @@ def neighbour_slowdown(run: dict) -> dict:
                         dec_shared.append(r["ms"])
                     elif share == 0.0:
                         dec_alone.append(r["ms"])
-            for ms_row in (r for r in prefill if r["ctx_tokens"] == budget and r["gen_reqs"] == 0):
-                share = _overlap(ms_row, busy_dec, dec_starts)
+            for chunk in (r for r in prefill if r["ctx_tokens"] == budget and r["gen_reqs"] == 0):
+                share = _overlap(chunk, busy_dec, dec_starts)
                 if share > 0.8:
-                    pre_shared.append(ms_row["ms"])
+                    pre_shared.append(chunk["ms"])
                 elif share < 0.2:
-                    pre_alone.append(ms_row["ms"])
+                    pre_alone.append(chunk["ms"])
 
     def ratio(shared: list[float], alone: list[float]) -> Optional[float]:
         return round(median(shared) / median(alone), 3) if shared and alone else None

@@ -21,6 +21,7 @@ from loadtest.sim.trace import Trace
 from router.prefix_index.memory import MemoryPrefixIndex
 
 LOOK_BACK_S = 4.0
+KEY = ("interactive", "decode")  # the autoscaled pool
 
 
 def _config() -> ClusterConfig:
@@ -38,29 +39,34 @@ def _config() -> ClusterConfig:
     })
 
 
+def _cluster(started: bool = True) -> tuple[SimPools, Autoscaler, Trace]:
+    """A simulated cluster and its autoscaler; call inside `simulate`."""
+    cfg = _config()
+    hw, _ = cpu_hardware(0.26, 0.041, 512, 256, "bfloat16", source="test")
+    pools = SimPools(cfg, hw, MemoryPrefixIndex(), lambda: 1.0, lambda now, n: None)
+    if started:
+        pools.start()
+    trace = Trace()
+    return pools, Autoscaler(cfg, pools, trace), trace
+
+
 def _request(rid: str, prompt_tokens: int, max_tokens: int) -> SimRequest:
     prompt = tuple(range(1000, 1000 + prompt_tokens))
     return SimRequest(rid, prompt_tokens, BlockHasher(128).hashes(prompt), max_tokens)
 
 
 def test_latency_signals_are_window_means_of_the_engines_histogram_increments():
-    cfg = _config()
-    hw, _ = cpu_hardware(0.26, 0.041, 512, 256, "bfloat16", source="test")
-    key = ("interactive", "decode")
-
     async def main():
-        pools = SimPools(cfg, hw, MemoryPrefixIndex(), lambda: 1.0, lambda now, n: None)
-        pools.start()
-        scaler = Autoscaler(cfg, pools, Trace())
+        pools, scaler, _ = _cluster()
         loop = asyncio.get_running_loop()
-        first, second = pools.replicas[key]
-        seen = [scaler.observe(key, loop.time())]  # t=0: first reports, increments 0
+        first, second = pools.replicas[KEY]
+        seen = [scaler.observe(KEY, loop.time())]  # t=0: first reports, increments 0
         r = first.engine.submit(_request("a", 200, 4))
         await r.done.wait()
         await asyncio.sleep(1.0)
-        seen.append(scaler.observe(key, loop.time()))  # r's latencies in the first replica's window
+        seen.append(scaler.observe(KEY, loop.time()))  # r's latencies in the first replica's window
         await asyncio.sleep(LOOK_BACK_S + 0.5)
-        seen.append(scaler.observe(key, loop.time()))  # r's sample has left the window
+        seen.append(scaler.observe(KEY, loop.time()))  # r's sample has left the window
         return r, seen, scaler, pools, (first, second)
 
     r, (t0, t1, t2), scaler, pools, (first, second) = simulate(main)
@@ -77,19 +83,14 @@ def test_latency_signals_are_window_means_of_the_engines_histogram_increments():
 
 
 def test_gauges_are_averaged_over_the_window_not_read_at_the_tick():
-    cfg = _config()
-    hw, _ = cpu_hardware(0.26, 0.041, 512, 256, "bfloat16", source="test")
-    key = ("interactive", "decode")
-
     async def main():
-        pools = SimPools(cfg, hw, MemoryPrefixIndex(), lambda: 1.0, lambda now, n: None)
-        scaler = Autoscaler(cfg, pools, Trace())
+        pools, scaler, _ = _cluster(started=False)
         loop = asyncio.get_running_loop()
-        first = pools.replicas[key][0]
+        first = pools.replicas[KEY][0]
         out = []
         for queued in (400, 0, 0):  # not a decode signal, but summed as signals.py reports it
             first.queued_prompt_tokens = queued
-            out.append(scaler.observe(key, loop.time()))
+            out.append(scaler.observe(KEY, loop.time()))
             await asyncio.sleep(1.0)
         return out
 
@@ -98,15 +99,8 @@ def test_gauges_are_averaged_over_the_window_not_read_at_the_tick():
 
 
 def test_a_removed_replica_leaves_no_window_behind():
-    cfg = _config()
-    hw, _ = cpu_hardware(0.26, 0.041, 512, 256, "bfloat16", source="test")
-    key = ("interactive", "decode")
-
     async def main():
-        pools = SimPools(cfg, hw, MemoryPrefixIndex(), lambda: 1.0, lambda now, n: None)
-        pools.start()
-        trace = Trace()
-        scaler = Autoscaler(cfg, pools, trace)
+        pools, scaler, trace = _cluster()
         loop = asyncio.get_running_loop()
         for _ in range(4):  # idle: the policy scales the two decode replicas down to min_replicas
             scaler.tick(loop.time())
@@ -115,5 +109,5 @@ def test_a_removed_replica_leaves_no_window_behind():
 
     scaler, pools, trace = simulate(main)
     assert any(d.target < obs.target for _, obs, _, d, _ in trace.scaling), "the idle pool never scaled down"
-    assert len(pools.replicas[("interactive", "decode")]) == 1
-    assert set(scaler._windows) == set(scaler._last_counters) == {pools.replicas[("interactive", "decode")][0].worker_id}
+    assert len(pools.replicas[KEY]) == 1
+    assert set(scaler._windows) == set(scaler._last_counters) == {pools.replicas[KEY][0].worker_id}
